@@ -1,0 +1,69 @@
+# effect-ledger. `make demo` runs the main job (no broker needed); `make test` runs every test tier
+# against a real Kafka broker that it starts and stops itself.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+KAFKA_PORT ?= 9092
+export KAFKA_PORT
+PYTEST_ARGS ?=
+
+.PHONY: help venv demo test test-unit test-integration test-crash bench lint kafka-fetch kafka-up kafka-down kafka-status clean
+
+help:
+	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
+	@echo "make test               every test tier; starts and stops its own Kafka broker"
+	@echo "make test-unit          unit tests only (no services)"
+	@echo "make test-integration   integration tests (real Kafka)"
+	@echo "make test-crash         crash/fault suite (kills real child processes)"
+	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
+	@echo "make lint               ruff and mypy"
+	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
+
+# The virtualenv is rebuilt when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	@$(VENV)/bin/effects demo
+
+test: venv
+	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: venv
+	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: venv
+	@bash scripts/with-kafka.sh $(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+test-crash: venv
+	@$(PY) -m pytest tests/crash $(PYTEST_ARGS)
+
+bench: venv
+	@bash scripts/with-kafka.sh $(PY) -m tests.bench $(BENCH_ARGS)
+
+lint: venv
+	@$(VENV)/bin/ruff check schemas streams processors tests
+	@$(VENV)/bin/mypy
+
+kafka-fetch:
+	@bash scripts/kafka.sh fetch
+
+kafka-up: venv
+	@bash scripts/kafka.sh up
+
+kafka-down:
+	@bash scripts/kafka.sh down
+
+kafka-status:
+	@bash scripts/kafka.sh status
+
+clean:
+	@bash scripts/kafka.sh down >/dev/null 2>&1 || true
+	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache bench-results.json

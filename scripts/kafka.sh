@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Runs one real Apache Kafka broker (KRaft, combined broker+controller) on loopback, from the
+# Maven Central jars. No Docker needed.
+#
+#   scripts/kafka.sh fetch    resolve the jars into the cache (a second run downloads nothing)
+#   scripts/kafka.sh up       fetch, format storage if new, start, wait until it answers metadata
+#   scripts/kafka.sh down     stop the broker started from this checkout (by its own pid)
+#   scripts/kafka.sh status   say whether it runs
+#
+# Settings (environment):
+#   KAFKA_PORT             client port                  (default 9092)
+#   KAFKA_CONTROLLER_PORT  controller port              (default KAFKA_PORT+1)
+#   KAFKA_HEAP             JVM heap                     (default 512m)
+#   EFFECT_LEDGER_CACHE    where jars are cached        (default ~/.cache/effect-ledger)
+#   KAFKA_RUN_DIR          data, logs and pid           (default <checkout>/.kafka)
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+# shellcheck source=kafka.env
+. "$here/kafka.env"
+
+port=${KAFKA_PORT:-9092}
+cport=${KAFKA_CONTROLLER_PORT:-$((port + 1))}
+heap=${KAFKA_HEAP:-512m}
+cache=${EFFECT_LEDGER_CACHE:-$HOME/.cache/effect-ledger}
+libs="$cache/kafka-$KAFKA_VERSION/libs"
+run=${KAFKA_RUN_DIR:-$root/.kafka}
+pidfile="$run/broker.pid"
+log="$run/broker.log"
+python=${PYTHON:-$root/.venv/bin/python}
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+
+need_java() {
+  command -v java >/dev/null 2>&1 || die "java not found: install Java 17+ (e.g. 'apt-get install openjdk-17-jre-headless')"
+  local v
+  v=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1)
+  [ -n "$v" ] && [ "$v" -ge 17 ] || die "Java 17+ is needed (found '${v:-unknown}')"
+}
+
+fetch() {
+  if [ -f "$libs/.complete" ]; then
+    return 0
+  fi
+  command -v mvn >/dev/null 2>&1 || die "mvn not found: install Maven (e.g. 'apt-get install maven') to fetch Kafka $KAFKA_VERSION"
+  echo "kafka.sh: resolving Apache Kafka $KAFKA_VERSION from Maven Central into $libs"
+  local work
+  work=$(mktemp -d)
+  cat > "$work/pom.xml" <<POM
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>effect-ledger</groupId><artifactId>kafka-runtime</artifactId><version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>2.24.3</version></dependency>
+  </dependencies>
+</project>
+POM
+  rm -rf "$libs.tmp"
+  if ! mvn -q -B -f "$work/pom.xml" dependency:copy-dependencies \
+      -DincludeScope=runtime -DoutputDirectory="$libs.tmp" > "$work/mvn.log" 2>&1; then
+    tail -20 "$work/mvn.log" >&2
+    die "maven could not resolve org.apache.kafka:kafka_2.13:$KAFKA_VERSION (log above)"
+  fi
+  rm -rf "$libs" && mv "$libs.tmp" "$libs" && touch "$libs/.complete"
+  rm -rf "$work"
+}
+
+running() {
+  [ -f "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null
+}
+
+write_config() {
+  mkdir -p "$run/data"
+  cat > "$run/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$run/data
+num.partitions=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=false
+log.retention.hours=-1
+PROPS
+  cat > "$run/log4j2.properties" <<L4J
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = $run/kafka-server.log
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = file
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.state.name = state.change.logger
+logger.state.level = WARN
+L4J
+}
+
+up() {
+  need_java
+  fetch
+  if running; then
+    echo "kafka.sh: broker already running (pid $(cat "$pidfile")) on 127.0.0.1:$port"
+    return 0
+  fi
+  write_config
+  local cp="$libs/*"
+  if [ ! -f "$run/data/meta.properties" ]; then
+    local id
+    id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>>"$log" | tail -1)
+    java -cp "$cp" -Dlog4j2.configurationFile="$run/log4j2.properties" kafka.tools.StorageTool \
+      format -t "$id" -c "$run/server.properties" >>"$log" 2>&1 \
+      || { tail -20 "$log" >&2; die "formatting KRaft storage failed (log: $log)"; }
+  fi
+  # setsid: the broker must outlive the shell that started it (make, CI) and have its own group.
+  setsid java -Xms"$heap" -Xmx"$heap" -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$run/log4j2.properties" \
+    -cp "$cp" kafka.Kafka "$run/server.properties" >>"$log" 2>&1 < /dev/null &
+  echo $! > "$pidfile"
+  echo "kafka.sh: starting Kafka $KAFKA_VERSION (pid $(cat "$pidfile")) on 127.0.0.1:$port, log $run/kafka-server.log"
+  [ -x "$python" ] || die "no project virtualenv at $python: run 'make venv' first"
+  if ! "$python" -m streams.admin wait --bootstrap "127.0.0.1:$port" --timeout 60; then
+    running || { tail -30 "$log" >&2; tail -30 "$run/kafka-server.log" >&2 2>/dev/null; }
+    down
+    die "broker did not answer a metadata request within 60 s (logs in $run)"
+  fi
+}
+
+down() {
+  if ! running; then
+    rm -f "$pidfile"
+    echo "kafka.sh: no broker running from $run"
+    return 0
+  fi
+  local pid
+  pid=$(cat "$pidfile")
+  kill -TERM "$pid"
+  for _ in $(seq 1 300); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "kafka.sh: broker $pid ignored SIGTERM for 30 s; killing it" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$pidfile"
+  echo "kafka.sh: broker $pid stopped"
+}
+
+status() {
+  if running; then echo "kafka.sh: running (pid $(cat "$pidfile")) on 127.0.0.1:$port"; else echo "kafka.sh: not running"; return 1; fi
+}
+
+case "${1:-}" in
+  fetch) fetch ;;
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: scripts/kafka.sh fetch|up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,99 @@
+"""Kafka connection settings shared by every client of effect-ledger.
+
+Defaults match ``scripts/kafka.sh`` and ``docker-compose.yml`` (a unit test checks that they agree).
+Each setting can come from the environment:
+
+| variable                 | meaning                                              | default          |
+|--------------------------|------------------------------------------------------|------------------|
+| ``KAFKA_BOOTSTRAP``      | bootstrap servers                                    | 127.0.0.1:9092   |
+| ``EFFECTS_TOPIC_PREFIX`` | prefix of every topic name                           | (empty)          |
+| ``EFFECTS_PARTITIONS``   | partitions of the topics this project creates        | 6                |
+| ``EFFECTS_REPLICATION``  | their replication factor                             | 1                |
+| ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
+  ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE`` | security, passed to every Kafka client | none |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PORT = 9092
+DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_PORT}"
+
+
+@dataclass(frozen=True)
+class Topics:
+    """The four topics of effect-ledger, under one prefix."""
+
+    prefix: str = ""
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}effects.events"
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}effects.state"
+
+    @property
+    def uncertain(self) -> str:
+        return f"{self.prefix}effects.uncertain"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}effects.dlq"
+
+    def all(self) -> tuple[str, str, str, str]:
+        return (self.events, self.state, self.uncertain, self.dlq)
+
+
+@dataclass(frozen=True)
+class KafkaConfig:
+    bootstrap: str = DEFAULT_BOOTSTRAP
+    prefix: str = ""
+    partitions: int = 6
+    replication: int = 1
+    security_protocol: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+
+    @property
+    def topics(self) -> Topics:
+        return Topics(self.prefix)
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> KafkaConfig:
+        env = os.environ
+        values: dict[str, Any] = {
+            "bootstrap": env.get("KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+            "prefix": env.get("EFFECTS_TOPIC_PREFIX", ""),
+            "partitions": int(env.get("EFFECTS_PARTITIONS", "6")),
+            "replication": int(env.get("EFFECTS_REPLICATION", "1")),
+            "security_protocol": env.get("KAFKA_SECURITY_PROTOCOL"),
+            "sasl_mechanism": env.get("KAFKA_SASL_MECHANISM"),
+            "sasl_username": env.get("KAFKA_SASL_USERNAME"),
+            "sasl_password": env.get("KAFKA_SASL_PASSWORD"),
+            "ssl_cafile": env.get("KAFKA_SSL_CAFILE"),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def confluent(self, **extra: Any) -> dict[str, Any]:
+        """Settings for a confluent-kafka client (librdkafka names)."""
+        conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap}
+        if self.security_protocol:
+            conf["security.protocol"] = self.security_protocol
+        if self.sasl_mechanism:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username is not None:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password
+        if self.ssl_cafile:
+            conf["ssl.ca.location"] = self.ssl_cafile
+        conf.update(extra)
+        return conf

@@ -1,0 +1,29 @@
+"""Named fault points of the SDK, where a test or the demo can kill the agent process.
+
+Set ``EFFECT_LEDGER_CRASH=<point>`` in a child process's environment and the process SIGKILLs
+itself when it reaches that point: no cleanup, no flush, exactly like a reclaimed container.
+
+* ``before_intent``  — nothing recorded, nothing sent
+* ``after_intent``   — intent durable, destination not called
+* ``after_call``     — the destination committed; nothing about it recorded
+* ``after_executed`` — the outcome is durable, the receipt is not
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+BEFORE_INTENT = "before_intent"
+AFTER_INTENT = "after_intent"
+AFTER_CALL = "after_call"
+AFTER_EXECUTED = "after_executed"
+POINTS = (BEFORE_INTENT, AFTER_INTENT, AFTER_CALL, AFTER_EXECUTED)
+ENV = "EFFECT_LEDGER_CRASH"
+
+
+def reached(point: str) -> None:
+    """Kill this process with SIGKILL if ``EFFECT_LEDGER_CRASH`` names ``point``."""
+    wanted = os.environ.get(ENV)
+    if wanted and point in wanted.split(","):
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,298 @@
+"""The effect state machine: the pure core of effect-ledger.
+
+An effect is the set of events ("facts") known about one idempotency key. Its state is *derived*
+from that set, never accumulated step by step, which is what makes the fold
+
+* idempotent: an event whose ``event_id`` is already known changes nothing;
+* order-tolerant: the same set of events gives the same effect whatever order they arrived in
+  (a receipt before its intent converges to the same state as in-order delivery);
+* honest about duplicates: a second successful execution, a second distinct receipt id, or a
+  request digest that differs from the first intent's is *flagged*, never overwritten.
+
+Time is an argument (``expire(effect, now_ms)``); nothing here reads a clock or does I/O.
+
+How the state is derived (first rule that matches wins)::
+
+    any COMPENSATED decision                                   -> COMPENSATED
+    any receipt (Receipt, FOUND resolution, CONFIRMED decision) -> CONFIRMED
+    then, for the latest attempt N only:
+      ABANDONED decision                                       -> ABANDONED
+      executed FAILED (a definitive rejection)                 -> FAILED
+      ABSENT decision or ABSENT resolution                     -> ABSENT
+      ESCALATE resolution                                      -> ESCALATED
+      executed OK, receipt deadline passed (RECEIPT timeout)   -> UNCERTAIN
+      executed OK                                              -> EXECUTED
+      executed UNKNOWN, or call deadline passed (CALL timeout) -> UNCERTAIN
+      intent                                                   -> PENDING
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from streams.model import (
+    Decision,
+    DecisionKind,
+    EffectState,
+    Event,
+    Executed,
+    Flag,
+    Intent,
+    Outcome,
+    Receipt,
+    ReceiptSource,
+    Resolution,
+    State,
+    Timeout,
+    TimeoutPhase,
+    UncertainEffect,
+    Verdict,
+)
+
+_KIND_ORDER = {Intent: 0, Executed: 1, Receipt: 2, Timeout: 3, Resolution: 4, Decision: 5}
+
+
+def _sort_key(e: Event) -> tuple[int, int, int, str]:
+    return (e.attempt, _KIND_ORDER[type(e)], e.at_ms, e.event_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """A receipt as far as the ledger knows it: the destination's id and what it returned (JSON)."""
+
+    receipt_id: str
+    value: str
+    source: ReceiptSource
+    attempt: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """Everything known about one key. ``facts`` is in canonical order, so two effects built from the
+    same events compare equal. The other fields are derived from ``facts`` by ``_derive``."""
+
+    effect_id: str
+    facts: tuple[Event, ...]
+    state: State
+    attempt: int
+    intent: Intent | None  # the intent of the latest attempt
+    first_intent: Intent | None
+    receipt: Evidence | None  # the earliest receipt, the one returned to callers
+    receipt_ids: tuple[str, ...]
+    executions: int
+    flags: tuple[Flag, ...]
+    deadline_ms: int | None  # when an open attempt becomes uncertain (None when not open)
+    created_ms: int
+    updated_ms: int
+    reason: str | None
+
+    @property
+    def version(self) -> int:
+        return len(self.facts)
+
+    def has(self, event_id: str) -> bool:
+        return any(f.event_id == event_id for f in self.facts)
+
+    def of_attempt(self, attempt: int) -> list[Event]:
+        return [f for f in self.facts if f.attempt == attempt]
+
+    @property
+    def resolutions(self) -> list[Resolution]:
+        return [f for f in self.facts if isinstance(f, Resolution)]
+
+
+def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainEffect, ...]]:
+    """Fold one event into an effect. Returns the new effect and what the change emits: an
+    ``UncertainEffect`` when the effect has just become uncertain. An event already known returns
+    the effect unchanged and emits nothing."""
+    if effect is not None:
+        if event.effect_id != effect.effect_id:
+            raise ValueError(f"event for {event.effect_id!r} applied to effect {effect.effect_id!r}")
+        if effect.has(event.event_id):
+            return effect, ()
+        facts = list(effect.facts)
+        bisect.insort(facts, event, key=_sort_key)
+    else:
+        facts = [event]
+    new = _derive(event.effect_id, tuple(facts))
+    emitted: tuple[UncertainEffect, ...] = ()
+    became_uncertain = new.state is State.UNCERTAIN and (
+        effect is None or effect.state is not State.UNCERTAIN or effect.attempt != new.attempt
+    )
+    if became_uncertain:
+        emitted = (uncertain_event(new),)
+    return new, emitted
+
+
+def fold(events: list[Event] | tuple[Event, ...], effect: Effect | None = None) -> Effect | None:
+    """Apply events in order; convenience for replays and tests."""
+    for e in events:
+        effect, _ = apply(effect, e)
+    return effect
+
+
+def expire(effect: Effect, now_ms: int) -> list[Timeout]:
+    """The timeout commands due for an effect at ``now_ms``: an attempt still PENDING after its
+    call deadline, or EXECUTED without a receipt after its receipt deadline. Their event ids are
+    deterministic, so a timer that fires twice (or two processors) applies once."""
+    if effect.deadline_ms is None or now_ms < effect.deadline_ms:
+        return []
+    if effect.state is State.PENDING:
+        phase = TimeoutPhase.CALL
+    elif effect.state is State.EXECUTED:
+        phase = TimeoutPhase.RECEIPT
+    else:
+        return []
+    event_id = timeout_event_id(effect.effect_id, effect.attempt, phase)
+    if effect.has(event_id):
+        return []
+    return [Timeout(event_id, effect.effect_id, now_ms, effect.attempt, phase, effect.deadline_ms)]
+
+
+def timeout_event_id(effect_id: str, attempt: int, phase: TimeoutPhase) -> str:
+    return f"timeout:{phase.value.lower()}:{attempt}:{effect_id}"
+
+
+def uncertain_event(effect: Effect) -> UncertainEffect:
+    i = effect.intent
+    return UncertainEffect(
+        event_id=f"uncertain:{effect.attempt}:{effect.effect_id}",
+        effect_id=effect.effect_id,
+        at_ms=effect.updated_ms,
+        attempt=effect.attempt,
+        target=i.target if i else "",
+        operation=i.operation if i else "",
+        request=i.request if i else "",
+        request_digest=i.request_digest if i else "",
+        reason=effect.reason or "uncertain",
+        intent_at_ms=i.at_ms if i else effect.created_ms,
+        deadline_ms=i.deadline_ms if i else effect.created_ms,
+    )
+
+
+def to_state(effect: Effect) -> EffectState:
+    """The record published on the intermediate-state stream."""
+    i = effect.first_intent
+    return EffectState(
+        effect_id=effect.effect_id,
+        state=effect.state,
+        target=i.target if i else "",
+        operation=i.operation if i else "",
+        namespace=i.namespace if i else "",
+        run_id=i.run_id if i else "",
+        step=i.step if i else "",
+        request_digest=i.request_digest if i else "",
+        attempt=effect.attempt,
+        version=effect.version,
+        created_ms=effect.created_ms,
+        updated_ms=effect.updated_ms,
+        deadline_ms=effect.deadline_ms,
+        receipt_id=effect.receipt.receipt_id if effect.receipt else None,
+        executions=effect.executions,
+        receipt_ids=effect.receipt_ids,
+        flags=tuple(f.value for f in effect.flags),
+        reason=effect.reason,
+    )
+
+
+def _evidence(facts: tuple[Event, ...]) -> list[Evidence]:
+    out = []
+    for f in facts:
+        if isinstance(f, Receipt):
+            out.append(Evidence(f.receipt_id, f.value, f.source, f.attempt, f.at_ms))
+        elif isinstance(f, Resolution) and f.verdict is Verdict.FOUND and f.receipt_id is not None:
+            out.append(Evidence(f.receipt_id, f.value or "null", ReceiptSource.RECONCILER, f.attempt, f.at_ms))
+        elif isinstance(f, Decision) and f.decision is DecisionKind.CONFIRMED:
+            rid = f.receipt_id or f"decision:{f.event_id}"
+            out.append(Evidence(rid, "null", ReceiptSource.PERSON, f.attempt, f.at_ms))
+    out.sort(key=lambda e: (e.at_ms, e.receipt_id))
+    return out
+
+
+def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
+    intents = [f for f in facts if isinstance(f, Intent)]
+    attempt = max((f.attempt for f in facts), default=0)
+    latest = [f for f in facts if f.attempt == attempt]
+    intent = next((f for f in reversed(intents) if f.attempt == attempt), intents[-1] if intents else None)
+    evidence = _evidence(facts)
+    ok_execs = [f for f in facts if isinstance(f, Executed) and f.outcome is Outcome.OK]
+    receipt_ids = tuple(sorted({e.receipt_id for e in evidence}))
+
+    flags: list[Flag] = []
+    if len(ok_execs) > 1:
+        flags.append(Flag.DUPLICATE_EXECUTION)
+    if len(receipt_ids) > 1:
+        flags.append(Flag.DUPLICATE_RECEIPT)
+    if len({i.request_digest for i in intents}) > 1:
+        flags.append(Flag.CONFLICT)
+    if not intents:
+        flags.append(Flag.NO_INTENT)
+
+    state, reason, deadline = _state_of(facts, latest, intent, evidence)
+    return Effect(
+        effect_id=effect_id,
+        facts=facts,
+        state=state,
+        attempt=attempt,
+        intent=intent,
+        first_intent=intents[0] if intents else None,
+        receipt=evidence[0] if evidence else None,
+        receipt_ids=receipt_ids,
+        executions=len(ok_execs),
+        flags=tuple(flags),
+        deadline_ms=deadline,
+        created_ms=min(f.at_ms for f in facts),
+        updated_ms=max(f.at_ms for f in facts),
+        reason=reason,
+    )
+
+
+def _state_of(
+    facts: tuple[Event, ...], latest: list[Event], intent: Intent | None, evidence: list[Evidence]
+) -> tuple[State, str | None, int | None]:
+    """(state, reason, deadline) per the table in the module docstring."""
+    for f in facts:
+        if isinstance(f, Decision) and f.decision is DecisionKind.COMPENSATED:
+            return State.COMPENSATED, f"compensated by {f.by}: {f.reason}", None
+    if evidence:
+        return State.CONFIRMED, None, None
+
+    decisions = [f for f in latest if isinstance(f, Decision)]
+    execs = [f for f in latest if isinstance(f, Executed)]
+    resolutions = [f for f in latest if isinstance(f, Resolution)]
+    timeouts = {f.phase for f in latest if isinstance(f, Timeout)}
+
+    for d in decisions:
+        if d.decision is DecisionKind.ABANDONED:
+            return State.ABANDONED, f"abandoned by {d.by}: {d.reason}", None
+    for x in execs:
+        if x.outcome is Outcome.FAILED:
+            return State.FAILED, x.error, None
+    for d in decisions:
+        if d.decision is DecisionKind.ABSENT:
+            return State.ABSENT, f"absent per {d.by}: {d.reason}", None
+    for r in resolutions:
+        if r.verdict is Verdict.ABSENT:
+            return State.ABSENT, f"{r.reconciler}: {r.reason}" if r.reason else r.reconciler, None
+    for r in resolutions:
+        if r.verdict is Verdict.ESCALATE:
+            return State.ESCALATED, r.reason or "escalated", None
+    ok = next((x for x in execs if x.outcome is Outcome.OK), None)
+    if ok is not None:
+        if TimeoutPhase.RECEIPT in timeouts:
+            return State.UNCERTAIN, "executed, but no receipt by its deadline", None
+        deadline = ok.receipt_deadline_ms if ok.receipt_deadline_ms is not None else (
+            intent.deadline_ms if intent else None
+        )
+        return State.EXECUTED, None, deadline
+    unknown = next((x for x in execs if x.outcome is Outcome.UNKNOWN), None)
+    if unknown is not None:
+        return State.UNCERTAIN, f"call outcome unknown: {unknown.error}", None
+    if TimeoutPhase.CALL in timeouts:
+        return State.UNCERTAIN, "deadline passed without a recorded outcome", None
+    if intent is not None and intent.attempt == (latest[0].attempt if latest else 0):
+        return State.PENDING, None, intent.deadline_ms
+    # Events of an attempt whose intent has not arrived (yet): nothing proves what happened.
+    return State.UNCERTAIN, "events without an intent", None

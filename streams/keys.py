@@ -1,0 +1,66 @@
+"""The effect key rule, and the canonical form of a request.
+
+NEVER CHANGE ``effect_key``. Keys are stored in ledgers and handed to destinations as idempotency
+keys; a different rule would turn a replay into a second effect. ``tests/unit/test_keys.py`` pins
+vectors so that a change fails the build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from streams.errors import InvalidEffect
+
+DEFAULT_NAMESPACE = "default"
+MAX_KEY_LENGTH = 255  # what common payment and ticket APIs accept as an idempotency key
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+_KEY = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: safe in HTTP headers and URLs
+
+
+def check_name(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise InvalidEffect(
+            f"invalid {kind} {value!r}: 1-64 characters of letters, digits, '_', '.', '-', starting with a letter or digit"
+        )
+    return value
+
+
+def check_key(key: object) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidEffect(f"invalid effect key {key!r}: a non-empty string")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidEffect(f"effect key is {len(key)} characters; at most {MAX_KEY_LENGTH}")
+    if not _KEY.match(key):
+        raise InvalidEffect(f"invalid effect key {key!r}: printable ASCII without spaces")
+    return key
+
+
+def effect_key(target: str, operation: str, run_id: str, step: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """``<target>:<sha256 hex of the JSON array [namespace, run_id, step, operation]>``.
+
+    Built only from the caller's logical identifiers — never from attempt numbers, engine run ids
+    or clocks — so the same logical write gets the same key across process restarts, workflow
+    retries and re-numbered steps. NEVER CHANGE THIS RULE (see the module docstring).
+    """
+    check_name("target", target)
+    check_name("operation", operation)
+    for kind, value in (("run_id", run_id), ("step", step), ("namespace", namespace)):
+        if not isinstance(value, str) or not value:
+            raise InvalidEffect(f"invalid {kind} {value!r}: a non-empty string")
+    material = json.dumps([namespace, run_id, step, operation], ensure_ascii=False, separators=(",", ":"))
+    return f"{target}:{hashlib.sha256(material.encode()).hexdigest()}"
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no whitespace: equal requests give equal bytes."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidEffect(f"request is not JSON-serialisable: {e}") from e
+
+
+def digest(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode()).hexdigest()

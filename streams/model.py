@@ -1,0 +1,207 @@
+"""The event model: one frozen dataclass per Avro record in ``schemas/``.
+
+Status names are defined here once (``State``, ``Outcome``, ...); the Avro enums must list the same
+symbols, which ``tests/unit/test_codec.py`` checks. Pure data: no I/O imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class State(StrEnum):
+    PENDING = "PENDING"
+    EXECUTED = "EXECUTED"
+    CONFIRMED = "CONFIRMED"
+    FAILED = "FAILED"
+    UNCERTAIN = "UNCERTAIN"
+    ABSENT = "ABSENT"
+    ESCALATED = "ESCALATED"
+    ABANDONED = "ABANDONED"
+    COMPENSATED = "COMPENSATED"
+
+
+#: States in which an attempt is open: the outcome is not known yet.
+OPEN_STATES = frozenset({State.PENDING, State.EXECUTED, State.UNCERTAIN})
+#: States after which the same key may be executed (again): nothing happened at the destination.
+RETRYABLE_STATES = frozenset({State.FAILED, State.ABSENT})
+#: States that need a person or a reconciler; an agent must not act on them.
+HELD_STATES = frozenset({State.ESCALATED})
+#: Closed for good.
+FINAL_STATES = frozenset({State.CONFIRMED, State.ABANDONED, State.COMPENSATED})
+
+
+class Outcome(StrEnum):
+    OK = "OK"
+    FAILED = "FAILED"
+    UNKNOWN = "UNKNOWN"
+
+
+class ReceiptSource(StrEnum):
+    CALL = "CALL"
+    WEBHOOK = "WEBHOOK"
+    RECONCILER = "RECONCILER"
+    PERSON = "PERSON"
+
+
+class Verdict(StrEnum):
+    FOUND = "FOUND"
+    ABSENT = "ABSENT"
+    UNKNOWN = "UNKNOWN"
+    ESCALATE = "ESCALATE"
+
+
+class DecisionKind(StrEnum):
+    CONFIRMED = "CONFIRMED"
+    ABSENT = "ABSENT"
+    ABANDONED = "ABANDONED"
+    COMPENSATED = "COMPENSATED"
+
+
+class TimeoutPhase(StrEnum):
+    CALL = "CALL"
+    RECEIPT = "RECEIPT"
+
+
+class Flag(StrEnum):
+    DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"  # two successful executions of one key
+    DUPLICATE_RECEIPT = "DUPLICATE_RECEIPT"  # two distinct receipt ids for one key
+    CONFLICT = "CONFLICT"  # the same key with a different request digest
+    NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    target: str
+    operation: str
+    namespace: str
+    run_id: str
+    step: str
+    request: str
+    request_digest: str
+    deadline_ms: int
+    worker: str
+    keyed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Executed:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    outcome: Outcome
+    error: str | None
+    call_started_ms: int
+    call_ended_ms: int
+    receipt_deadline_ms: int | None
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    receipt_id: str
+    source: ReceiptSource
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    verdict: Verdict
+    reconciler: str
+    reason: str = ""
+    receipt_id: str | None = None
+    value: str | None = None
+    tries: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    decision: DecisionKind
+    by: str
+    reason: str
+    receipt_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Timeout:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    phase: TimeoutPhase
+    deadline_ms: int
+
+
+#: Everything that may be written to ``effects.events`` and folded.
+Event = Intent | Executed | Receipt | Resolution | Decision | Timeout
+EVENT_TYPES: tuple[type, ...] = (Intent, Executed, Receipt, Resolution, Decision, Timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class EffectState:
+    effect_id: str
+    state: State
+    target: str
+    operation: str
+    namespace: str
+    run_id: str
+    step: str
+    request_digest: str
+    attempt: int
+    version: int
+    created_ms: int
+    updated_ms: int
+    deadline_ms: int | None = None
+    receipt_id: str | None = None
+    executions: int = 0
+    receipt_ids: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UncertainEffect:
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    target: str
+    operation: str
+    request: str
+    request_digest: str
+    reason: str
+    intent_at_ms: int
+    deadline_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    at_ms: int
+    consumer: str
+    topic: str
+    partition: int
+    offset: int
+    error: str
+    key: bytes | None = field(default=None)
+    value: bytes | None = field(default=None)
+
+
+RECORD_TYPES: tuple[type, ...] = (*EVENT_TYPES, EffectState, UncertainEffect, DeadLetter)

@@ -1,0 +1,162 @@
+"""Reconciliation: asking a destination, by idempotency key, whether an effect happened.
+
+A ``Reconciler`` answers one question for one target: ``Found(receipt)``, ``Absent()`` or
+``Unknown(reason)``. ``judge`` turns that answer into a ``Resolution`` event under the rules that
+keep retries safe:
+
+* ``Found`` is proof: the effect is CONFIRMED with the receipt found.
+* ``Absent`` makes a retry safe only once the attempt's deadline has passed (a request sent just
+  before a crash may still land until then) and only while the destination still remembers keys
+  (its idempotency retention since the intent): past retention, "absent" may mean "forgotten",
+  so the effect is escalated to a person instead.
+* ``Unknown`` is retried with backoff, then escalated. A target with no way to ask is escalated
+  at once: nobody can tell.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from streams.effect import Effect
+from streams.model import Resolution, Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    receipt_id: str
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Absent:
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Unknown:
+    reason: str
+
+
+Answer = Found | Absent | Unknown
+
+
+@dataclass(frozen=True, slots=True)
+class EffectView:
+    """What a reconciler is told about an effect."""
+
+    effect_id: str
+    target: str
+    operation: str
+    request: Any  # the decoded JSON request
+    attempt: int
+    intent_at_ms: int
+    deadline_ms: int
+
+
+class Reconciler(Protocol):
+    name: str
+
+    async def check(self, effect: EffectView) -> Answer: ...
+
+
+class CallableReconciler:
+    """A reconciler from a plain (sync or async) function ``fn(effect: EffectView) -> Answer``."""
+
+    def __init__(self, fn: Callable[[EffectView], Answer | Awaitable[Answer]], name: str | None = None) -> None:
+        self._fn = fn
+        self.name = name or getattr(fn, "__name__", "callable")
+
+    async def check(self, effect: EffectView) -> Answer:
+        result = self._fn(effect)
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, Found | Absent | Unknown):
+            return Unknown(f"reconciler {self.name} returned {result!r}, not Found/Absent/Unknown")
+        return result
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Unknown answers are retried after ``first_s * factor**(tries-1)`` (at most ``max_s``), and
+    escalated after ``max_tries``."""
+
+    first_s: float = 1.0
+    factor: float = 2.0
+    max_s: float = 300.0
+    max_tries: int = 5
+
+    def delay_ms(self, tries: int) -> int:
+        return int(min(self.max_s, self.first_s * self.factor ** max(0, tries - 1)) * 1000)
+
+
+@dataclass(frozen=True)
+class Target:
+    """How effect-ledger treats one destination.
+
+    ``honours_keys``: the destination deduplicates by idempotency key, so calling it again with
+    the same key within ``retention_s`` returns the original result instead of a second effect.
+    ``definite_errors``: exception types that mean "rejected, nothing happened" (FAILED); any other
+    exception, and every timeout, leaves the outcome unknown (UNCERTAIN).
+    """
+
+    name: str
+    reconciler: Reconciler | None = None
+    honours_keys: bool = False
+    retention_s: float | None = 24 * 3600.0
+    definite_errors: tuple[type[BaseException], ...] = ()
+    receipt_id: Callable[[Any], str] | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+def view(effect: Effect) -> EffectView:
+    i = effect.intent or effect.first_intent
+    if i is None:
+        return EffectView(effect.effect_id, "", "", None, effect.attempt, effect.created_ms, effect.created_ms)
+    return EffectView(effect.effect_id, i.target, i.operation, json.loads(i.request), effect.attempt, i.at_ms, i.deadline_ms)
+
+
+def retention_passed(effect: Effect, target: Target, now_ms: int) -> bool:
+    first = effect.first_intent
+    if target.retention_s is None or first is None:
+        return False
+    return now_ms - first.at_ms > target.retention_s * 1000
+
+
+def previous_tries(effect: Effect) -> int:
+    return max((r.tries for r in effect.resolutions if r.attempt == effect.attempt), default=0)
+
+
+def judge(effect: Effect, target: Target, answer: Answer | None, reconciler: str, now_ms: int) -> Resolution:
+    """The resolution event for a reconciler's answer (``None``: nobody could be asked)."""
+    tries = previous_tries(effect) + 1
+    attempt = effect.attempt
+    eid = f"resolution:{attempt}:{tries}:{effect.effect_id}"
+
+    def res(verdict: Verdict, reason: str, receipt_id: str | None = None, value: str | None = None) -> Resolution:
+        return Resolution(eid, effect.effect_id, now_ms, attempt, verdict, reconciler, reason, receipt_id, value, tries)
+
+    if answer is None:
+        return res(Verdict.ESCALATE, f"no reconciler for target {target.name!r} and it does not honour keys")
+    if isinstance(answer, Found):
+        return res(Verdict.FOUND, "found at the destination", answer.receipt_id, json.dumps(answer.value, default=str))
+    if isinstance(answer, Absent):
+        if retention_passed(effect, target, now_ms):
+            return res(
+                Verdict.ESCALATE,
+                f"destination reports absent, but its key retention ({target.retention_s:.0f} s) has passed "
+                "since the intent: it may have forgotten the key",
+            )
+        deadline = effect.intent.deadline_ms if effect.intent else 0
+        if now_ms < deadline:
+            # Not a try: asking again before the deadline must not run down the escalation count.
+            tries -= 1
+            eid = f"resolution:{attempt}:{tries}:{effect.effect_id}"
+            return res(Verdict.UNKNOWN, f"absent so far, but the call may still land until its deadline ({deadline})")
+        return res(Verdict.ABSENT, answer.reason or "not found at the destination")
+    if tries >= target.backoff.max_tries:
+        return res(Verdict.ESCALATE, f"no answer after {tries} tries: {answer.reason}")
+    return res(Verdict.UNKNOWN, answer.reason)
