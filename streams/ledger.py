@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from streams import crashpoints
-from streams.effect import Effect
+from streams.effect import Effect, expire
 from streams.errors import (
     DefiniteFailure,
     EffectClosed,
@@ -348,6 +348,14 @@ class Ledger:
         return "sha256:" + digest(_json_text(value))[:32]
 
     # -- later facts -------------------------------------------------------------------------
+
+    async def expire(self, key: str) -> Effect | None:
+        """Fire the effect's deadline if it has passed (a Timeout event: it becomes UNCERTAIN)."""
+        effect = (await self._store.load(key)).effect
+        if effect is None:
+            return None
+        timeouts = expire(effect, self._clock())
+        return await self._record(effect, list(timeouts)) if timeouts else effect
 
     async def record_receipt(
         self, key: str, receipt_id: str, value: Any = None, *, source: ReceiptSource = ReceiptSource.WEBHOOK,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
 from streams import model as m
@@ -19,6 +19,25 @@ from streams.codec import HEADER, default_codec
 from streams.config import KafkaConfig
 
 TIMEOUT = 30.0
+
+
+def _delete_topics(cfg: KafkaConfig, names: list[str]) -> None:
+    """Delete topics with an AdminClient that stays referenced until every future has resolved.
+    streams.admin.delete_topics drops its client at once, so librdkafka destroys the handle and the
+    deletion fails with _DESTROY (test_delete_topics below)."""
+    admin = AdminClient(cfg.confluent())
+    for fut in admin.delete_topics(names, operation_timeout=TIMEOUT).values():
+        fut.result(timeout=TIMEOUT)
+
+
+@pytest.fixture
+def kafka_config(kafka_bootstrap: str) -> Iterator[KafkaConfig]:
+    """tests/conftest.py's fixture, but torn down with _delete_topics: its teardown calls
+    streams.admin.delete_topics, which fails today. Remove this once test_delete_topics passes."""
+    cfg = KafkaConfig(bootstrap=kafka_bootstrap, prefix=f"t{uuid.uuid4().hex[:12]}.", partitions=3)
+    ensure_topics(cfg)
+    yield cfg
+    _delete_topics(cfg, list(cfg.topics.all()))
 
 
 def _topic_configs(cfg: KafkaConfig, name: str) -> dict[str, str]:
@@ -59,7 +78,25 @@ def test_ensure_topics_refuses_a_different_partition_count(kafka_bootstrap: str)
             ensure_topics(three)
         assert all(list_topics(two)[name] == 2 for name in two.topics.all())  # nothing was changed
     finally:
-        delete_topics(two, list(two.topics.all()))
+        _delete_topics(two, list(two.topics.all()))
+
+
+@pytest.mark.xfail(strict=True, raises=KafkaException,
+                   reason="streams.admin.delete_topics lets its AdminClient be destroyed (see the report)")
+def test_delete_topics(kafka_bootstrap: str) -> None:
+    cfg = KafkaConfig(bootstrap=kafka_bootstrap, prefix=f"t{uuid.uuid4().hex[:12]}.", partitions=1)
+    ensure_topics(cfg)
+    names = list(cfg.topics.all())
+    try:
+        delete_topics(cfg, names)
+        deadline = time.monotonic() + TIMEOUT
+        while set(names) & set(list_topics(cfg)) and time.monotonic() < deadline:
+            pass  # list_topics is itself a broker round trip; deletion is asynchronous
+        assert not set(names) & set(list_topics(cfg))
+    finally:
+        remaining = sorted(set(names) & set(list_topics(cfg)))
+        if remaining:
+            _delete_topics(cfg, remaining)
 
 
 def _events() -> list[Any]:
@@ -83,14 +120,14 @@ def test_produce_and_consume_encoded_events(kafka_config: KafkaConfig, group_id:
     topic = kafka_config.topics.events
     sent = _events()
 
-    delivered: list[tuple[bytes, int, int]] = []
+    delivered: set[tuple[bytes | None, int | None, int | None]] = set()
     errors: list[KafkaError] = []
 
     def on_delivery(err: KafkaError | None, msg: Message) -> None:
         if err is not None:
             errors.append(err)
         else:
-            delivered.append((msg.key(), msg.partition(), msg.offset()))
+            delivered.add((msg.key(), msg.partition(), msg.offset()))
 
     producer = Producer(kafka_config.confluent(**{"acks": "all", "enable.idempotence": True}))
     for event in sent:
@@ -117,22 +154,24 @@ def test_produce_and_consume_encoded_events(kafka_config: KafkaConfig, group_id:
         consumer.close()
     assert len(received) == len(sent), f"got {len(received)} of {len(sent)} within {TIMEOUT} s"
 
-    by_key: dict[bytes, list[Message]] = defaultdict(list)
-    for msg in received:
-        assert msg.headers() == [codec.header(codec.decode(msg.value()))]
-        assert dict(msg.headers())[HEADER] == f"effect_ledger.{type(codec.decode(msg.value())).__name__}".encode()
-        assert msg.key() == codec.decode(msg.value()).effect_id.encode()
-        by_key[msg.key()].append(msg)
+    decoded = [codec.decode(msg.value()) for msg in received]
+    assert sorted(decoded, key=sent.index) == sent  # every event once, each exactly as sent
+    # The producer was told where each message went; the consumer found them there.
+    assert {(msg.key(), msg.partition(), msg.offset()) for msg in received} == delivered
 
-    assert sorted(map(codec.decode, (msg.value() for msg in received)), key=sent.index) == sent
-    for key, msgs in by_key.items():
+    by_key: dict[bytes | None, list[tuple[Message, Any]]] = defaultdict(list)
+    for msg, event in zip(received, decoded, strict=True):
+        assert msg.key() == event.effect_id.encode()
+        assert msg.headers() == [(HEADER, f"effect_ledger.{type(event).__name__}".encode())]
+        by_key[msg.key()].append((msg, event))
+
+    assert len(by_key) == 3
+    for key, pairs in by_key.items():
         # One key, one partition, and within it the order the events were produced in.
-        assert len({msg.partition() for msg in msgs}) == 1, key
-        offsets = [msg.offset() for msg in msgs]
+        assert len({msg.partition() for msg, _ in pairs}) == 1, key
+        offsets = [msg.offset() or 0 for msg, _ in pairs]
         assert offsets == sorted(offsets), key
-        assert [codec.decode(msg.value()) for msg in msgs] == [e for e in sent if e.effect_id.encode() == key]
-        # The partition the consumer saw is the one the producer was told about.
-        assert {(msg.partition(), msg.offset()) for msg in msgs} == {(p, o) for k, p, o in delivered if k == key}
+        assert [event for _, event in pairs] == [e for e in sent if e.effect_id.encode() == key]
 
 
 def test_wait_ready_without_a_broker() -> None:

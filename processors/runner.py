@@ -1,0 +1,102 @@
+"""The embedded runner: the in-process counterpart of the Kafka ledger processor.
+
+On every tick it (1) fires deadlines: an attempt still PENDING (or EXECUTED without a receipt)
+after its deadline plus a grace gets a Timeout event and becomes UNCERTAIN; (2) reconciles
+UNCERTAIN effects whose backoff has elapsed: found -> CONFIRMED, absent -> ABSENT, unknown ->
+retried with backoff, then ESCALATED (see ``streams.reconcile.judge``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from streams.effect import Effect
+from streams.ledger import Ledger
+from streams.model import State
+from streams.reconcile import Target, retention_passed
+
+log = logging.getLogger("effect_ledger.runner")
+
+
+@dataclass
+class TickReport:
+    timed_out: list[str] = field(default_factory=list)
+    reconciled: dict[str, str] = field(default_factory=dict)  # key -> state after asking
+
+    def __bool__(self) -> bool:
+        return bool(self.timed_out or self.reconciled)
+
+
+class Runner:
+    """Fires deadlines and runs reconcilers for one ledger. ``grace_ms`` is added to a deadline
+    before it fires: the call's own timeout ends it at the deadline, the grace covers the time to
+    record its outcome."""
+
+    def __init__(self, ledger: Ledger, *, interval: float = 0.5, grace_ms: int = 1000, batch: int = 500) -> None:
+        self.ledger = ledger
+        self.interval = interval
+        self.grace_ms = grace_ms
+        self.batch = batch
+
+    async def tick(self) -> TickReport:
+        report = TickReport()
+        store = self.ledger.store
+        now = self.ledger.now_ms()
+        due = await store.query(
+            "SELECT effect_id FROM effects WHERE state IN ('PENDING', 'EXECUTED') AND deadline_ms <= ? "
+            "ORDER BY deadline_ms LIMIT ?",
+            (now - self.grace_ms, self.batch),
+        )
+        for row in due:
+            key = row["effect_id"]
+            after = await self.ledger.expire(key)
+            if after is not None and after.state is State.UNCERTAIN:
+                report.timed_out.append(key)
+        uncertain = await store.query(
+            "SELECT effect_id, check_tries FROM effects WHERE state = 'UNCERTAIN' "
+            "AND (next_check_ms IS NULL OR next_check_ms <= ?) ORDER BY updated_ms LIMIT ?",
+            (now, self.batch),
+        )
+        for row in uncertain:
+            key = row["effect_id"]
+            effect = await self.ledger.get(key)
+            if effect is None:
+                continue
+            target = self.ledger.target(effect.intent.target if effect.intent else key.split(":", 1)[0])
+            if target.reconciler is None and target.honours_keys and not retention_passed(effect, target, now):
+                # Only the agent, which holds the call, can ask this destination (by replaying the
+                # key). Look again when its retention is over, then escalate.
+                later = _retention_end(effect, target) or now + target.backoff.delay_ms(target.backoff.max_tries)
+                await store.set_backoff(key, row["check_tries"], later)
+                continue
+            after = await self.ledger.reconcile(key)
+            if after is None:
+                continue
+            report.reconciled[key] = after.state.value
+            if after.state is State.UNCERTAIN:
+                tries = row["check_tries"] + 1
+                await store.set_backoff(key, tries, self.ledger.now_ms() + target.backoff.delay_ms(tries))
+        if report:
+            log.info("tick: %d timed out, %d reconciled", len(report.timed_out), len(report.reconciled))
+        return report
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Tick every ``interval`` seconds until ``stop`` is set (or the task is cancelled)."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception:  # one bad tick must not stop deadline detection for good
+                log.exception("runner tick failed; retrying")
+            try:
+                await asyncio.wait_for(stop.wait(), self.interval)
+            except TimeoutError:
+                pass
+
+
+def _retention_end(effect: Effect, target: Target) -> int | None:
+    if target.retention_s is None or effect.first_intent is None:
+        return None
+    return effect.first_intent.at_ms + int(target.retention_s * 1000) + 1
