@@ -120,7 +120,8 @@ def list_topics(cfg: KafkaConfig, timeout: float = 10.0) -> dict[str, int]:
 def delete_topics(cfg: KafkaConfig, names: list[str], timeout: float = 30.0) -> None:
     if not names:
         return
-    for fut in admin_client(cfg).delete_topics(names, operation_timeout=timeout).values():
+    admin = admin_client(cfg)  # must outlive its futures: a destroyed client fails them all
+    for fut in admin.delete_topics(names, operation_timeout=timeout).values():
         try:
             fut.result(timeout=timeout)
         except KafkaException as e:

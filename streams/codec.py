@@ -14,10 +14,11 @@ import dataclasses
 import io
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, get_type_hints
+from typing import Any, cast, get_type_hints
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
+from fastavro.validation import ValidationError, validate
 
 import schemas
 from streams import model
@@ -89,7 +90,7 @@ class Codec:
         self._builders: dict[str, Callable[[dict[str, Any]], Any]] = {}
         for cls in model.RECORD_TYPES:
             raw = schemas.load(cls.__name__)
-            parsed = parse_schema(raw)
+            parsed = cast(dict[str, Any], parse_schema(raw))
             full = parsed["name"]
             prefix = MAGIC + schema_fingerprint(raw)
             fields = tuple(f["name"] for f in raw["fields"])
@@ -106,7 +107,7 @@ class Codec:
     def register_writer(self, raw: dict[str, Any]) -> bytes:
         """Accept bytes written with an older (or otherwise compatible) writer schema of a known record;
         they are resolved into the current schema on decode. Returns its fingerprint."""
-        parsed = parse_schema(raw)
+        parsed = cast(dict[str, Any], parse_schema(raw))
         full = parsed["name"]
         if full not in self._current:
             raise ValueError(f"{full} is not a record of this codec")
@@ -115,26 +116,35 @@ class Codec:
             self._readers[fp] = _Reader(full, parsed, self._current[full], self._builders[full])
         return fp
 
+    def _writer(self, cls: type) -> _Writer:
+        try:
+            return self._writers[cls]
+        except KeyError:
+            raise EncodeError(f"{cls.__name__} is not a record of this codec") from None
+
     def schema_name(self, obj_or_cls: Any) -> str:
-        cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
-        return self._writers[cls].full_name
+        return self._writer(obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)).full_name
 
     def encode(self, obj: Any) -> bytes:
+        w = self._writer(type(obj))
+        record = {n: getattr(obj, n) for n in w.fields}
+        # fastavro writes without checking (1.5 into a long, None into a boolean): validate first,
+        # so a wrong value is an error here and not garbage on the topic.
         try:
-            w = self._writers[type(obj)]
-        except KeyError:
-            raise EncodeError(f"{type(obj).__name__} is not a record of this codec") from None
+            validate(record, w.parsed, raise_errors=True)
+        except ValidationError as e:
+            raise EncodeError(f"cannot encode {w.name}: {e}") from e
         buf = io.BytesIO()
         buf.write(w.prefix)
         try:
-            fastavro.schemaless_writer(buf, w.parsed, {n: getattr(obj, n) for n in w.fields})
-        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            fastavro.schemaless_writer(buf, w.parsed, record)
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:
             raise EncodeError(f"cannot encode {w.name}: {e}") from e
         return buf.getvalue()
 
     def header(self, obj: Any) -> tuple[str, bytes]:
         """The Kafka header that names the record's schema."""
-        return HEADER, self._writers[type(obj)].full_name.encode()
+        return HEADER, self._writer(type(obj)).full_name.encode()
 
     def decode(self, data: bytes | bytearray | memoryview | None) -> Any:
         if data is None:

@@ -33,11 +33,15 @@ def kafka_bootstrap() -> Iterator[str]:
         return
     port = os.environ.get("KAFKA_PORT", "9092")
     env = dict(os.environ, KAFKA_PORT=port)
-    subprocess.run(["bash", str(ROOT / "scripts/kafka.sh"), "up"], check=True, env=env)
+    script = str(ROOT / "scripts/kafka.sh")
+    # Stop it afterwards only if this session started it (a developer's `make kafka-up` stays up).
+    already = subprocess.run(["bash", script, "status"], env=env, capture_output=True).returncode == 0
+    subprocess.run(["bash", script, "up"], check=True, env=env)
     try:
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run(["bash", str(ROOT / "scripts/kafka.sh"), "down"], check=False, env=env)
+        if not already:
+            subprocess.run(["bash", script, "down"], check=False, env=env)
 
 
 @pytest.fixture

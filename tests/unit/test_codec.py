@@ -448,10 +448,7 @@ def test_encode_rejects_non_record(codec: Codec) -> None:
         codec.encode({"event_id": "e"})
 
 
-# Values fastavro's writer does not check. Codec.encode should refuse them (EncodeError: "the object
-# does not fit its schema"), but today it writes them, or lets OverflowError escape. Strict: when
-# codec.py is fixed these pass and the marker must go.
-@pytest.mark.xfail(strict=True, reason="codec.encode does not validate values (see the test report)")
+# Values fastavro's writer does not check by itself; Codec.encode validates first.
 @pytest.mark.parametrize(
     "changes",
     [

@@ -1,0 +1,632 @@
+"""Every transition in the derivation table of ``streams.effect``, one given/when/then test each.
+
+The table (first rule that matches wins)::
+
+    any COMPENSATED decision                                   -> COMPENSATED
+    any receipt (Receipt, FOUND resolution, CONFIRMED decision) -> CONFIRMED
+    then, for the latest attempt N only:
+      ABANDONED decision                                       -> ABANDONED
+      executed FAILED                                          -> FAILED
+      ABSENT decision or ABSENT resolution                     -> ABSENT
+      ESCALATE resolution                                      -> ESCALATED
+      executed OK, RECEIPT timeout                             -> UNCERTAIN
+      executed OK                                              -> EXECUTED
+      executed UNKNOWN, or CALL timeout                        -> UNCERTAIN
+      intent                                                   -> PENDING
+
+Plus the bookkeeping around it: flags, emission of ``UncertainEffect``, idempotence, ``expire`` and
+``to_state``. Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.effect import Effect, apply, expire, fold, timeout_event_id, to_state
+from streams.model import (
+    Decision,
+    DecisionKind,
+    EffectState,
+    Event,
+    Executed,
+    Flag,
+    Intent,
+    Outcome,
+    Receipt,
+    ReceiptSource,
+    Resolution,
+    State,
+    Timeout,
+    TimeoutPhase,
+    UncertainEffect,
+    Verdict,
+)
+
+KEY = "payments:" + "5ca1d0a8" * 8
+OTHER_KEY = "payments:" + "0" * 64
+T0 = 1_700_000_000_000
+CALL_DEADLINE = T0 + 10_000
+RECEIPT_DEADLINE = T0 + 60_000
+REQUEST = '{"amount":4800,"currency":"CNY","order":"123"}'
+DIGEST = "d1" * 32
+OTHER_DIGEST = "d2" * 32
+
+
+# --- builders -------------------------------------------------------------------------------------
+
+
+def intent(attempt: int = 1, at: int = T0, deadline: int = CALL_DEADLINE, digest: str = DIGEST,
+           eid: str | None = None, key: str = KEY) -> Intent:
+    return Intent(eid or f"intent-{attempt}-{at}", key, at, attempt, "payments", "refund.create", "default",
+                  "run-1", "refund-order-123", REQUEST, digest, deadline, "worker-1")
+
+
+def executed(outcome: Outcome = Outcome.OK, attempt: int = 1, at: int = T0 + 500,
+             receipt_deadline: int | None = RECEIPT_DEADLINE, error: str | None = None,
+             eid: str | None = None) -> Executed:
+    return Executed(eid or f"exec-{attempt}-{at}", KEY, at, attempt, outcome, error, at - 400, at - 10,
+                    receipt_deadline, "worker-1")
+
+
+def receipt(receipt_id: str = "re_1", attempt: int = 1, at: int = T0 + 600,
+            source: ReceiptSource = ReceiptSource.CALL, eid: str | None = None) -> Receipt:
+    return Receipt(eid or f"receipt-{attempt}-{at}-{receipt_id}", KEY, at, attempt, receipt_id, source,
+                   f'{{"id":"{receipt_id}"}}')
+
+
+def resolution(verdict: Verdict, attempt: int = 1, at: int = T0 + 20_000, receipt_id: str | None = None,
+               reason: str = "", tries: int = 1, eid: str | None = None) -> Resolution:
+    value = f'{{"id":"{receipt_id}"}}' if receipt_id else None
+    return Resolution(eid or f"resolution-{attempt}-{at}-{verdict.value}", KEY, at, attempt, verdict,
+                      "gateway-reconciler", reason, receipt_id, value, tries)
+
+
+def decision(kind: DecisionKind, attempt: int = 1, at: int = T0 + 30_000, receipt_id: str | None = None,
+             eid: str | None = None) -> Decision:
+    return Decision(eid or f"decision-{attempt}-{at}-{kind.value}", KEY, at, attempt, kind, "alice",
+                    "checked the dashboard", receipt_id)
+
+
+def timeout(phase: TimeoutPhase = TimeoutPhase.CALL, attempt: int = 1, at: int = CALL_DEADLINE,
+            deadline: int = CALL_DEADLINE) -> Timeout:
+    return Timeout(timeout_event_id(KEY, attempt, phase), KEY, at, attempt, phase, deadline)
+
+
+def effect_of(*events: Event) -> Effect:
+    eff = fold(list(events))
+    assert eff is not None
+    return eff
+
+
+def uncertain() -> Effect:
+    """An effect UNCERTAIN because the call outcome is unknown (a read timeout)."""
+    return effect_of(intent(attempt=1), executed(Outcome.UNKNOWN, error="read timeout"))
+
+
+# --- intent, executed, receipt --------------------------------------------------------------------
+
+
+def test_intent_makes_pending() -> None:
+    """given no effect, when an intent is applied, then the effect is PENDING at attempt 1 with the
+    intent's call deadline, no receipt, no flags, and nothing is emitted."""
+    i = intent()
+    eff, emitted = apply(None, i)
+    assert eff.state is State.PENDING
+    assert eff.effect_id == KEY
+    assert eff.attempt == 1
+    assert eff.intent == i and eff.first_intent == i
+    assert eff.deadline_ms == CALL_DEADLINE
+    assert eff.receipt is None and eff.receipt_ids == ()
+    assert eff.executions == 0
+    assert eff.flags == ()
+    assert eff.reason is None
+    assert emitted == ()
+
+
+def test_executed_ok_makes_executed_with_receipt_deadline() -> None:
+    """given a PENDING effect, when the call returns OK with a receipt deadline, then the effect is
+    EXECUTED, counts one execution, and waits until the receipt deadline."""
+    eff, emitted = apply(effect_of(intent()), executed(Outcome.OK))
+    assert eff.state is State.EXECUTED
+    assert eff.executions == 1
+    assert eff.deadline_ms == RECEIPT_DEADLINE
+    assert eff.flags == ()
+    assert emitted == ()
+
+
+def test_executed_ok_without_receipt_deadline_keeps_the_intent_deadline() -> None:
+    """given a PENDING effect, when the call returns OK without a receipt deadline, then the effect
+    is EXECUTED and its deadline falls back to the intent's deadline."""
+    eff = effect_of(intent(), executed(Outcome.OK, receipt_deadline=None))
+    assert eff.state is State.EXECUTED
+    assert eff.deadline_ms == CALL_DEADLINE
+
+
+def test_receipt_confirms_an_executed_effect() -> None:
+    """given an EXECUTED effect, when the call's receipt is recorded, then the effect is CONFIRMED
+    with that receipt as evidence and no deadline."""
+    r = receipt("re_1")
+    eff, emitted = apply(effect_of(intent(), executed(Outcome.OK)), r)
+    assert eff.state is State.CONFIRMED
+    assert eff.receipt is not None
+    assert eff.receipt.receipt_id == "re_1"
+    assert eff.receipt.value == r.value
+    assert eff.receipt.source is ReceiptSource.CALL
+    assert eff.receipt.attempt == 1
+    assert eff.receipt_ids == ("re_1",)
+    assert eff.deadline_ms is None
+    assert eff.reason is None
+    assert emitted == ()
+
+
+def test_webhook_receipt_confirms_a_pending_effect() -> None:
+    """given a PENDING effect (no executed event yet), when a webhook receipt arrives, then the
+    effect is CONFIRMED: a receipt is proof whatever else is missing."""
+    eff = effect_of(intent(), receipt("re_w", source=ReceiptSource.WEBHOOK))
+    assert eff.state is State.CONFIRMED
+    assert eff.receipt is not None and eff.receipt.source is ReceiptSource.WEBHOOK
+    assert eff.executions == 0
+
+
+def test_executed_failed_makes_failed() -> None:
+    """given a PENDING effect, when the call is definitively rejected, then the effect is FAILED with
+    the error as reason, no deadline, and nothing is emitted."""
+    eff, emitted = apply(effect_of(intent()), executed(Outcome.FAILED, receipt_deadline=None,
+                                                       error="card declined"))
+    assert eff.state is State.FAILED
+    assert eff.reason == "card declined"
+    assert eff.deadline_ms is None
+    assert eff.executions == 0
+    assert emitted == ()
+
+
+def test_executed_unknown_makes_uncertain_and_emits() -> None:
+    """given a PENDING effect, when the call outcome is unknown (timeout), then the effect is
+    UNCERTAIN and exactly one UncertainEffect is emitted describing the attempt."""
+    i = intent()
+    x = executed(Outcome.UNKNOWN, receipt_deadline=None, error="read timeout")
+    eff, emitted = apply(effect_of(i), x)
+    assert eff.state is State.UNCERTAIN
+    assert eff.reason is not None and "read timeout" in eff.reason
+    assert eff.deadline_ms is None
+    assert eff.executions == 0
+    assert len(emitted) == 1
+    u = emitted[0]
+    assert isinstance(u, UncertainEffect)
+    assert u.event_id == f"uncertain:1:{KEY}"
+    assert u.effect_id == KEY
+    assert u.attempt == 1
+    assert (u.target, u.operation) == ("payments", "refund.create")
+    assert (u.request, u.request_digest) == (REQUEST, DIGEST)
+    assert u.intent_at_ms == i.at_ms
+    assert u.deadline_ms == i.deadline_ms
+    assert u.at_ms == x.at_ms
+    assert u.reason == eff.reason
+
+
+# --- deadlines: expire and timeouts ---------------------------------------------------------------
+
+
+def test_expire_returns_nothing_before_the_call_deadline() -> None:
+    """given a PENDING effect, when expire is asked one millisecond before its call deadline, then
+    no timeout is due."""
+    eff = effect_of(intent())
+    assert expire(eff, T0) == []
+    assert expire(eff, CALL_DEADLINE - 1) == []
+
+
+@pytest.mark.parametrize("now", [CALL_DEADLINE, CALL_DEADLINE + 1, CALL_DEADLINE + 3_600_000])
+def test_expire_returns_one_call_timeout_at_or_after_the_deadline(now: int) -> None:
+    """given a PENDING effect, when expire is asked at or after its call deadline, then exactly one
+    CALL Timeout is due, with a deterministic event id (same on every call)."""
+    eff = effect_of(intent())
+    due = expire(eff, now)
+    assert due == [Timeout(f"timeout:call:1:{KEY}", KEY, now, 1, TimeoutPhase.CALL, CALL_DEADLINE)]
+    assert due[0].event_id == timeout_event_id(KEY, 1, TimeoutPhase.CALL)
+    assert expire(eff, now) == due  # a timer that fires twice produces the same command
+
+
+def test_call_timeout_on_pending_makes_uncertain_and_expire_then_returns_nothing() -> None:
+    """given a PENDING effect past its call deadline, when the CALL timeout is applied, then it is
+    UNCERTAIN, one UncertainEffect is emitted, and expire returns nothing more (now or later)."""
+    eff = effect_of(intent())
+    [t] = expire(eff, CALL_DEADLINE)
+    after, emitted = apply(eff, t)
+    assert after.state is State.UNCERTAIN
+    assert after.reason == "deadline passed without a recorded outcome"
+    assert after.deadline_ms is None
+    assert len(emitted) == 1 and emitted[0].attempt == 1
+    assert expire(after, CALL_DEADLINE) == []
+    assert expire(after, CALL_DEADLINE + 10**9) == []
+
+
+def test_call_deadline_does_not_apply_once_executed() -> None:
+    """given an EXECUTED effect whose receipt deadline is later than the call deadline, when expire
+    is asked at the call deadline, then no timeout is due."""
+    eff = effect_of(intent(), executed(Outcome.OK))
+    assert expire(eff, CALL_DEADLINE) == []
+    assert expire(eff, RECEIPT_DEADLINE - 1) == []
+
+
+def test_receipt_timeout_on_executed_makes_uncertain() -> None:
+    """given an EXECUTED effect with a receipt deadline, when expire is asked at that deadline and
+    its RECEIPT timeout applied, then the effect is UNCERTAIN, one UncertainEffect is emitted, and
+    nothing further is due."""
+    eff = effect_of(intent(), executed(Outcome.OK))
+    due = expire(eff, RECEIPT_DEADLINE)
+    assert due == [Timeout(f"timeout:receipt:1:{KEY}", KEY, RECEIPT_DEADLINE, 1, TimeoutPhase.RECEIPT,
+                           RECEIPT_DEADLINE)]
+    after, emitted = apply(eff, due[0])
+    assert after.state is State.UNCERTAIN
+    assert after.reason == "executed, but no receipt by its deadline"
+    assert after.executions == 1
+    assert len(emitted) == 1
+    assert expire(after, RECEIPT_DEADLINE + 1) == []
+
+
+@pytest.mark.parametrize("final", ["confirmed", "failed", "uncertain"])
+def test_expire_returns_nothing_for_effects_without_an_open_deadline(final: str) -> None:
+    """given a CONFIRMED, FAILED or UNCERTAIN effect, when expire is asked long after every
+    deadline, then no timeout is due."""
+    events = {
+        "confirmed": [intent(), executed(), receipt()],
+        "failed": [intent(), executed(Outcome.FAILED, error="rejected")],
+        "uncertain": [intent(), executed(Outcome.UNKNOWN, error="eof")],
+    }[final]
+    eff = effect_of(*events)
+    assert eff.deadline_ms is None
+    assert expire(eff, T0 + 10**9) == []
+
+
+# --- resolutions ----------------------------------------------------------------------------------
+
+
+def test_found_resolution_confirms_with_its_receipt_id() -> None:
+    """given an UNCERTAIN effect, when a reconciler finds it (FOUND with a receipt id), then the
+    effect is CONFIRMED with that receipt id, sourced from the reconciler."""
+    eff, emitted = apply(uncertain(), resolution(Verdict.FOUND, receipt_id="re_found"))
+    assert eff.state is State.CONFIRMED
+    assert eff.receipt is not None
+    assert eff.receipt.receipt_id == "re_found"
+    assert eff.receipt.source is ReceiptSource.RECONCILER
+    assert eff.receipt.value == '{"id":"re_found"}'
+    assert eff.receipt_ids == ("re_found",)
+    assert emitted == ()
+
+
+def test_absent_resolution_makes_absent() -> None:
+    """given an UNCERTAIN effect, when a reconciler proves it ABSENT, then the effect is ABSENT
+    (retry is safe), with the reconciler and its reason in the reason."""
+    eff, _ = apply(uncertain(), resolution(Verdict.ABSENT, reason="no such refund"))
+    assert eff.state is State.ABSENT
+    assert eff.reason == "gateway-reconciler: no such refund"
+    assert eff.deadline_ms is None
+
+
+def test_escalate_resolution_makes_escalated() -> None:
+    """given an UNCERTAIN effect, when the reconciler escalates, then the effect is ESCALATED with
+    the escalation reason."""
+    eff, emitted = apply(uncertain(), resolution(Verdict.ESCALATE, reason="no answer after 5 tries"))
+    assert eff.state is State.ESCALATED
+    assert eff.reason == "no answer after 5 tries"
+    assert emitted == ()
+
+
+def test_unknown_resolution_keeps_uncertain_and_emits_nothing() -> None:
+    """given an UNCERTAIN effect, when the reconciler cannot tell (UNKNOWN), then the effect stays
+    UNCERTAIN with its reason unchanged and nothing is emitted again."""
+    before = uncertain()
+    eff, emitted = apply(before, resolution(Verdict.UNKNOWN, reason="503"))
+    assert eff.state is State.UNCERTAIN
+    assert eff.reason == before.reason
+    assert eff.version == before.version + 1
+    assert emitted == ()
+
+
+# --- decisions by a person ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "state"),
+    [
+        (DecisionKind.CONFIRMED, State.CONFIRMED),
+        (DecisionKind.ABSENT, State.ABSENT),
+        (DecisionKind.ABANDONED, State.ABANDONED),
+        (DecisionKind.COMPENSATED, State.COMPENSATED),
+    ],
+)
+def test_decision_on_escalated_sets_the_decided_state(kind: DecisionKind, state: State) -> None:
+    """given an ESCALATED effect, when a person records a decision, then the effect takes the
+    decided state."""
+    escalated = effect_of(intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.ESCALATE))
+    assert escalated.state is State.ESCALATED
+    eff, emitted = apply(escalated, decision(kind))
+    assert eff.state is state
+    assert emitted == ()
+    if state in (State.ABSENT, State.ABANDONED, State.COMPENSATED):
+        assert eff.reason is not None and "alice" in eff.reason and "checked the dashboard" in eff.reason
+
+
+def test_confirmed_decision_with_a_receipt_id_is_the_receipt() -> None:
+    """given an ESCALATED effect, when a person confirms it naming the receipt id, then the effect
+    is CONFIRMED with that id, sourced from a person."""
+    d = decision(DecisionKind.CONFIRMED, receipt_id="re_p")
+    eff = effect_of(intent(), resolution(Verdict.ESCALATE), d)
+    assert eff.state is State.CONFIRMED
+    assert eff.receipt is not None
+    assert eff.receipt.receipt_id == "re_p"
+    assert eff.receipt.source is ReceiptSource.PERSON
+    assert eff.receipt_ids == ("re_p",)
+
+
+def test_confirmed_decision_without_a_receipt_id_gets_a_synthetic_one() -> None:
+    """given an ESCALATED effect, when a person confirms it without a receipt id, then the receipt id
+    is derived from the decision's event id."""
+    d = decision(DecisionKind.CONFIRMED, eid="dec-42")
+    eff = effect_of(intent(), resolution(Verdict.ESCALATE), d)
+    assert eff.state is State.CONFIRMED
+    assert eff.receipt is not None and eff.receipt.receipt_id == "decision:dec-42"
+
+
+def test_compensated_decision_wins_over_a_receipt() -> None:
+    """given a CONFIRMED effect, when a person records it COMPENSATED, then the effect is
+    COMPENSATED (the first rule of the table), keeping its receipt as evidence."""
+    eff = effect_of(intent(), executed(), receipt("re_1"), decision(DecisionKind.COMPENSATED))
+    assert eff.state is State.COMPENSATED
+    assert eff.receipt is not None and eff.receipt.receipt_id == "re_1"
+    assert eff.reason == "compensated by alice: checked the dashboard"
+
+
+def test_abandoned_decision_wins_over_failed() -> None:
+    """given a FAILED attempt, when a person abandons it, then ABANDONED wins (it comes first in the
+    table for the latest attempt)."""
+    eff = effect_of(intent(), executed(Outcome.FAILED, error="x"), decision(DecisionKind.ABANDONED))
+    assert eff.state is State.ABANDONED
+
+
+def test_a_receipt_wins_over_abandoned() -> None:
+    """given an ABANDONED effect, when a late webhook receipt arrives, then it is CONFIRMED: proof
+    that it happened beats a person's guess."""
+    late = receipt("re_late", source=ReceiptSource.WEBHOOK)
+    eff = effect_of(intent(), decision(DecisionKind.ABANDONED), late)
+    assert eff.state is State.CONFIRMED
+
+
+# --- re-execution ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("closed_by", ["absent", "failed"])
+def test_re_execution_after_absent_or_failed(closed_by: str) -> None:
+    """given attempt 1 ABSENT (reconciled) or FAILED, when an attempt-2 intent is applied, then the
+    effect is PENDING at attempt 2 with attempt 2's deadline; and when attempt 2 executes OK and gets a
+    receipt, then it is CONFIRMED with one execution and no flags."""
+    if closed_by == "absent":
+        first = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.ABSENT)]
+        expected = State.ABSENT
+    else:
+        first = [intent(), executed(Outcome.FAILED, error="declined")]
+        expected = State.FAILED
+    eff = effect_of(*first)
+    assert eff.state is expected
+    i2 = intent(attempt=2, at=T0 + 100_000, deadline=T0 + 110_000)
+    eff, emitted = apply(eff, i2)
+    assert eff.state is State.PENDING
+    assert eff.attempt == 2
+    assert eff.intent == i2
+    assert eff.first_intent is not None and eff.first_intent.attempt == 1
+    assert eff.deadline_ms == T0 + 110_000
+    assert emitted == ()
+    eff = fold([executed(Outcome.OK, attempt=2, at=T0 + 100_500),
+                receipt("re_2", attempt=2, at=T0 + 100_600)], eff)
+    assert eff is not None
+    assert eff.state is State.CONFIRMED
+    assert eff.attempt == 2
+    assert eff.executions == 1
+    assert eff.receipt_ids == ("re_2",)
+    assert eff.flags == ()
+
+
+def test_uncertain_attempt_2_emits_again() -> None:
+    """given attempt 1 was uncertain (emitted once) and then ABSENT, when attempt 2 also ends with an
+    unknown outcome, then a second UncertainEffect is emitted, for attempt 2."""
+    eff = effect_of(intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.ABSENT))
+    eff, _ = apply(eff, intent(attempt=2, at=T0 + 100_000, deadline=T0 + 110_000))
+    eff, emitted = apply(eff, executed(Outcome.UNKNOWN, attempt=2, at=T0 + 100_500, error="eof"))
+    assert eff.state is State.UNCERTAIN
+    assert len(emitted) == 1
+    assert emitted[0].attempt == 2
+    assert emitted[0].event_id == f"uncertain:2:{KEY}"
+    assert emitted[0].deadline_ms == T0 + 110_000
+
+
+# --- order tolerance and flags --------------------------------------------------------------------
+
+
+def test_receipt_before_intent_flags_no_intent_until_the_intent_arrives() -> None:
+    """given nothing, when a webhook receipt arrives before its intent, then the effect is CONFIRMED
+    and flagged NO_INTENT; when the intent and execution then arrive, then the flag is gone and the
+    effect equals the one built in order."""
+    i, x, r = intent(), executed(), receipt("re_1", source=ReceiptSource.WEBHOOK)
+    early, _ = apply(None, r)
+    assert early.state is State.CONFIRMED
+    assert early.flags == (Flag.NO_INTENT,)
+    assert early.intent is None and early.first_intent is None
+    assert to_state(early).target == ""
+    late = fold([i, x], early)
+    assert late is not None
+    assert Flag.NO_INTENT not in late.flags
+    assert late.flags == ()
+    assert late.state is State.CONFIRMED
+    assert late == fold([i, x, r])
+
+
+def test_two_ok_executions_flag_duplicate_execution() -> None:
+    """given attempt 1 executed OK (then wrongly judged ABSENT), when attempt 2 also executes OK,
+    then the effect counts two executions and is flagged DUPLICATE_EXECUTION."""
+    eff = effect_of(
+        intent(), executed(Outcome.OK),
+        timeout(TimeoutPhase.RECEIPT, at=RECEIPT_DEADLINE, deadline=RECEIPT_DEADLINE),
+        resolution(Verdict.ABSENT, at=RECEIPT_DEADLINE + 1),
+        intent(attempt=2, at=T0 + 100_000, deadline=T0 + 110_000),
+        executed(Outcome.OK, attempt=2, at=T0 + 100_500),
+    )
+    assert eff.executions == 2
+    assert Flag.DUPLICATE_EXECUTION in eff.flags
+    assert Flag.DUPLICATE_RECEIPT not in eff.flags
+
+
+def test_one_ok_execution_is_not_a_duplicate() -> None:
+    """given one OK and one UNKNOWN execution, when folded, then only the OK one counts and nothing is
+    flagged."""
+    eff = effect_of(intent(), executed(Outcome.UNKNOWN, at=T0 + 100, error="eof"),
+                    executed(Outcome.OK, at=T0 + 200))
+    assert eff.executions == 1
+    assert Flag.DUPLICATE_EXECUTION not in eff.flags
+
+
+def test_two_distinct_receipt_ids_flag_duplicate_receipt() -> None:
+    """given a CONFIRMED effect with receipt re_1, when a second receipt with a different id arrives,
+    then DUPLICATE_RECEIPT is flagged, both ids are kept sorted, and the earliest stays the receipt."""
+    eff = effect_of(intent(), executed(), receipt("re_b", at=T0 + 600))
+    eff, _ = apply(eff, receipt("re_a", at=T0 + 700, source=ReceiptSource.WEBHOOK))
+    assert eff.state is State.CONFIRMED
+    assert Flag.DUPLICATE_RECEIPT in eff.flags
+    assert eff.receipt_ids == ("re_a", "re_b")
+    assert eff.receipt is not None and eff.receipt.receipt_id == "re_b"
+
+
+def test_same_receipt_id_from_call_and_reconciler_is_not_a_duplicate() -> None:
+    """given a receipt re_1 from the call, when a reconciler later FOUND the same re_1, then there is
+    one receipt id and no DUPLICATE_RECEIPT flag."""
+    eff = effect_of(intent(), executed(), receipt("re_1"), resolution(Verdict.FOUND, receipt_id="re_1"))
+    assert eff.state is State.CONFIRMED
+    assert eff.receipt_ids == ("re_1",)
+    assert eff.flags == ()
+    assert eff.version == 4
+
+
+def test_second_intent_with_a_different_digest_flags_conflict() -> None:
+    """given an effect whose first intent has digest d1, when an intent with a different digest
+    arrives for the same key, then CONFLICT is flagged and the first intent is kept as first."""
+    first = intent()
+    eff = effect_of(first, executed(Outcome.FAILED, error="x"))
+    eff, _ = apply(eff, intent(attempt=2, at=T0 + 100_000, digest=OTHER_DIGEST))
+    assert Flag.CONFLICT in eff.flags
+    assert eff.first_intent == first
+    assert to_state(eff).request_digest == DIGEST
+
+
+def test_second_intent_with_the_same_digest_is_not_a_conflict() -> None:
+    """given an effect with a first intent, when a re-execution intent with the same digest arrives,
+    then nothing is flagged."""
+    eff = effect_of(intent(), executed(Outcome.FAILED, error="x"), intent(attempt=2, at=T0 + 100_000))
+    assert eff.flags == ()
+
+
+# --- emission, idempotence, effect ids ------------------------------------------------------------
+
+
+def test_becoming_uncertain_emits_once_and_unrelated_events_after_emit_nothing() -> None:
+    """given a PENDING effect, when it becomes UNCERTAIN it emits exactly one UncertainEffect; when
+    unrelated events follow (an UNKNOWN resolution, a late CALL timeout) then nothing more is
+    emitted while it stays UNCERTAIN."""
+    total: list[UncertainEffect] = []
+    eff: Effect | None = None
+    for e in [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN, reason="503"),
+              timeout(TimeoutPhase.CALL), resolution(Verdict.UNKNOWN, at=T0 + 25_000, tries=2)]:
+        eff, emitted = apply(eff, e)
+        total.extend(emitted)
+    assert eff is not None and eff.state is State.UNCERTAIN
+    assert len(total) == 1
+    assert total[0].event_id == f"uncertain:1:{KEY}"
+
+
+def test_no_emission_for_non_uncertain_transitions() -> None:
+    """given a fresh key, when a full happy path is applied (intent, OK, receipt), then nothing is
+    emitted at any step."""
+    eff: Effect | None = None
+    for e in [intent(), executed(), receipt()]:
+        eff, emitted = apply(eff, e)
+        assert emitted == ()
+
+
+@pytest.mark.parametrize("step", range(4))
+def test_applying_an_event_twice_returns_the_identical_object(step: int) -> None:
+    """given an effect that already holds an event, when the same event is applied again, then the
+    very same Effect object is returned and nothing is emitted."""
+    events = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN),
+              decision(DecisionKind.ABSENT)]
+    eff = effect_of(*events)
+    again, emitted = apply(eff, events[step])
+    assert again is eff
+    assert emitted == ()
+
+
+def test_re_applying_the_uncertain_event_does_not_emit_again() -> None:
+    """given an effect that just became UNCERTAIN, when the event that made it uncertain is
+    redelivered, then nothing is emitted (at-least-once delivery must not duplicate the work item)."""
+    x = executed(Outcome.UNKNOWN, error="eof")
+    eff, first = apply(effect_of(intent()), x)
+    assert len(first) == 1
+    _, second = apply(eff, x)
+    assert second == ()
+
+
+def test_an_event_for_another_effect_raises() -> None:
+    """given an effect for KEY, when an event for another effect id is applied, then ValueError is
+    raised (and the effect is untouched)."""
+    eff = effect_of(intent())
+    with pytest.raises(ValueError, match="applied to effect"):
+        apply(eff, intent(key=OTHER_KEY, eid="other"))
+    assert eff.version == 1
+
+
+# --- to_state -------------------------------------------------------------------------------------
+
+
+def test_to_state_fields() -> None:
+    """given an effect with two attempts, a duplicate-delivered event and two receipts, when it is
+    published with to_state, then version counts distinct events, executions/receipt_ids/flags are
+    reported (flags as strings, ids sorted), identity comes from the first intent, and created/updated
+    are the min/max event times."""
+    first = intent(at=T0)
+    events = [
+        first,
+        executed(Outcome.OK, at=T0 + 500),
+        timeout(TimeoutPhase.RECEIPT, at=RECEIPT_DEADLINE, deadline=RECEIPT_DEADLINE),
+        resolution(Verdict.ABSENT, at=RECEIPT_DEADLINE + 5),
+        intent(attempt=2, at=T0 + 100_000, deadline=T0 + 110_000),
+        executed(Outcome.OK, attempt=2, at=T0 + 100_500),
+        receipt("re_z", attempt=2, at=T0 + 100_600),
+        receipt("re_a", attempt=1, at=T0 + 200_000, source=ReceiptSource.WEBHOOK),
+    ]
+    eff = effect_of(*events, events[1], events[6])  # two redeliveries
+    s = to_state(eff)
+    assert isinstance(s, EffectState)
+    assert s.effect_id == KEY
+    assert s.state is State.CONFIRMED
+    assert (s.target, s.operation, s.namespace, s.run_id, s.step) == (
+        "payments", "refund.create", "default", "run-1", "refund-order-123")
+    assert s.request_digest == DIGEST
+    assert s.attempt == 2
+    assert s.version == len(events) == 8
+    assert s.created_ms == T0
+    assert s.updated_ms == T0 + 200_000
+    assert s.deadline_ms is None
+    assert s.receipt_id == "re_z"  # the earliest receipt
+    assert s.executions == 2
+    assert s.receipt_ids == ("re_a", "re_z")
+    assert s.flags == ("DUPLICATE_EXECUTION", "DUPLICATE_RECEIPT")
+    assert all(type(f) is str for f in s.flags)
+    assert s.reason is None
+
+
+def test_to_state_of_a_pending_effect() -> None:
+    """given a PENDING effect, when published, then it carries its deadline, version 1, no receipt,
+    and created == updated == the intent time."""
+    s = to_state(effect_of(intent(at=T0 + 7)))
+    assert s.state is State.PENDING
+    assert s.deadline_ms == CALL_DEADLINE
+    assert s.version == 1
+    assert s.receipt_id is None and s.receipt_ids == () and s.flags == ()
+    assert s.created_ms == s.updated_ms == T0 + 7
