@@ -25,7 +25,9 @@ def _fail(message: str) -> None:
 
 
 kafka_options = [
-    click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]"),
+    click.option(
+        "--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]"
+    ),
     click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix"),
     click.option("--partitions", envvar="EFFECTS_PARTITIONS", type=int, default=None, help="partitions per topic [6]"),
 ]
@@ -106,8 +108,13 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
 
 @main.command()
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="the ledger file")
-@click.option("--reconciler", "reconcilers", multiple=True, metavar="TARGET=URL",
-              help="an HTTP reconciler for a target, URL with {key}; repeatable")
+@click.option(
+    "--reconciler",
+    "reconcilers",
+    multiple=True,
+    metavar="TARGET=URL",
+    help="an HTTP reconciler for a target, URL with {key}; repeatable",
+)
 @click.option("--interval", type=float, default=0.5, show_default=True, help="seconds between ticks")
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
 def run(db: str, reconcilers: tuple[str, ...], interval: float, once: bool) -> None:

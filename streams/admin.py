@@ -58,7 +58,9 @@ def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
         except KafkaException as e:
             last = e
         time.sleep(0.2)
-    raise BrokerUnavailable(f"no Kafka broker answered at {cfg.bootstrap} within {timeout:.0f} s ({last or 'no brokers'})")
+    raise BrokerUnavailable(
+        f"no Kafka broker answered at {cfg.bootstrap} within {timeout:.0f} s ({last or 'no brokers'})"
+    )
 
 
 def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0) -> dict[str, str]:
@@ -100,7 +102,9 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> N
     while True:
         md = admin.list_topics(timeout=timeout)
         ready = all(
-            n in md.topics and md.topics[n].error is None and md.topics[n].partitions
+            n in md.topics
+            and md.topics[n].error is None
+            and md.topics[n].partitions
             and all(p.leader >= 0 for p in md.topics[n].partitions.values())
             for n in names
         )

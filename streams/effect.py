@@ -283,8 +283,8 @@ def _state_of(
     if ok is not None:
         if TimeoutPhase.RECEIPT in timeouts:
             return State.UNCERTAIN, "executed, but no receipt by its deadline", None
-        deadline = ok.receipt_deadline_ms if ok.receipt_deadline_ms is not None else (
-            intent.deadline_ms if intent else None
+        deadline = (
+            ok.receipt_deadline_ms if ok.receipt_deadline_ms is not None else (intent.deadline_ms if intent else None)
         )
         return State.EXECUTED, None, deadline
     unknown = next((x for x in execs if x.outcome is Outcome.UNKNOWN), None)

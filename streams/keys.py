@@ -23,7 +23,7 @@ _KEY = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: safe in HTTP
 def check_name(kind: str, value: object) -> str:
     if not isinstance(value, str) or not _NAME.match(value):
         raise InvalidEffect(
-            f"invalid {kind} {value!r}: 1-64 characters of letters, digits, '_', '.', '-', starting with a letter or digit"
+            f"invalid {kind} {value!r}: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
         )
     return value
 

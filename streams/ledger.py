@@ -36,7 +36,6 @@ from typing import Any, TypeVar
 from streams import crashpoints
 from streams.effect import Effect, expire
 from streams.errors import (
-    DefiniteFailure,
     EffectClosed,
     EffectConflict,
     EffectInProgress,
@@ -224,8 +223,11 @@ class Ledger:
         if first is None:
             return
         if first.request_digest != spec.digest or first.target != spec.target or first.operation != spec.operation:
-            given = digest(f"{spec.target}\0{spec.operation}\0{spec.canonical}") if (
-                first.target != spec.target or first.operation != spec.operation) else spec.digest
+            given = (
+                digest(f"{spec.target}\0{spec.operation}\0{spec.canonical}")
+                if (first.target != spec.target or first.operation != spec.operation)
+                else spec.digest
+            )
             raise EffectConflict(effect.effect_id, first.request_digest, given)
 
     async def _resolve_earlier(self, effect: Effect, claim: Claim, spec: _Spec, call: Call) -> Effect:
@@ -236,7 +238,9 @@ class Ledger:
             leased = claim.until_ms is not None and now < claim.until_ms
             if alive or (alive is None and leased):
                 retry = (claim.until_ms - now) if claim.until_ms else None
-                raise EffectInProgress(effect.effect_id, f"worker {claim.owner} is executing attempt {effect.attempt}", retry)
+                raise EffectInProgress(
+                    effect.effect_id, f"worker {claim.owner} is executing attempt {effect.attempt}", retry
+                )
         target = self.target(spec.target)
         answer, name = await self._ask(effect, target, call, spec.timeout)
         now = self._clock()
@@ -245,12 +249,12 @@ class Ledger:
         if effect.state in (State.CONFIRMED, State.ABSENT):
             return effect
         if resolution.verdict is Verdict.UNKNOWN and effect.intent and now < effect.intent.deadline_ms:
-            raise EffectInProgress(
-                effect.effect_id, resolution.reason, effect.intent.deadline_ms - now
-            )
+            raise EffectInProgress(effect.effect_id, resolution.reason, effect.intent.deadline_ms - now)
         raise EffectUncertain(effect.effect_id, resolution.reason, effect.state.value)
 
-    async def _ask(self, effect: Effect, target: Target, call: Call | None, timeout: float) -> tuple[Answer | None, str]:
+    async def _ask(
+        self, effect: Effect, target: Target, call: Call | None, timeout: float
+    ) -> tuple[Answer | None, str]:
         """Ask the destination whether the effect happened. A target without a reconciler that
         honours keys is asked by replaying the call with the same key (it returns the original)."""
         if target.reconciler is not None:
@@ -263,7 +267,7 @@ class Ledger:
             try:
                 async with asyncio.timeout(timeout):
                     value = await _maybe_await(call(effect.effect_id))
-            except (DefiniteFailure, *target.definite_errors) as e:
+            except target.definite as e:
                 return Absent(f"replay rejected: {e}"), "replay"
             except Exception as e:
                 return Unknown(f"replay failed: {type(e).__name__}: {e}"), "replay"
@@ -287,14 +291,29 @@ class Ledger:
         attempt = before.attempt + 1 if before else 1
         deadline = now + int(spec.timeout * 1000)
         intent = Intent(
-            event_id=uuid.uuid4().hex, effect_id=key, at_ms=now, attempt=attempt, target=spec.target,
-            operation=spec.operation, namespace=spec.namespace, run_id=spec.run_id, step=spec.step,
-            request=spec.canonical, request_digest=spec.digest, deadline_ms=deadline, worker=self.worker,
+            event_id=uuid.uuid4().hex,
+            effect_id=key,
+            at_ms=now,
+            attempt=attempt,
+            target=spec.target,
+            operation=spec.operation,
+            namespace=spec.namespace,
+            run_id=spec.run_id,
+            step=spec.step,
+            request=spec.canonical,
+            request_digest=spec.digest,
+            deadline_ms=deadline,
+            worker=self.worker,
         )
         # The claim lives until the deadline: past it, the call cannot still be running here.
         effect, _ = await self._store.append(
-            before, [intent], now_ms=now, claim_op=ClaimOp.TAKE, owner=self.worker,
-            claim_until_ms=deadline, observed_owner=observed_owner,
+            before,
+            [intent],
+            now_ms=now,
+            claim_op=ClaimOp.TAKE,
+            owner=self.worker,
+            claim_until_ms=deadline,
+            observed_owner=observed_owner,
         )
         crashpoints.reached(crashpoints.AFTER_INTENT)
         target = self.target(spec.target)
@@ -302,7 +321,7 @@ class Ledger:
         try:
             async with asyncio.timeout(spec.timeout):
                 value = await _maybe_await(call(key))
-        except (DefiniteFailure, *target.definite_errors) as e:
+        except target.definite as e:
             await self._outcome(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
             raise
         except BaseException as e:
@@ -358,7 +377,12 @@ class Ledger:
         return await self._record(effect, list(timeouts)) if timeouts else effect
 
     async def record_receipt(
-        self, key: str, receipt_id: str, value: Any = None, *, source: ReceiptSource = ReceiptSource.WEBHOOK,
+        self,
+        key: str,
+        receipt_id: str,
+        value: Any = None,
+        *,
+        source: ReceiptSource = ReceiptSource.WEBHOOK,
         attempt: int = 0,
     ) -> Effect:
         """Record a receipt that arrives after the call (a webhook). ``attempt`` 0: unknown."""
@@ -366,7 +390,9 @@ class Ledger:
         if not receipt_id:
             raise InvalidEffect("receipt_id must be a non-empty string")
         before = (await self._store.load(key)).effect
-        ev = Receipt(uuid.uuid4().hex, key, self._clock(), attempt, receipt_id, ReceiptSource(source), _json_text(value))
+        ev = Receipt(
+            uuid.uuid4().hex, key, self._clock(), attempt, receipt_id, ReceiptSource(source), _json_text(value)
+        )
         return await self._record(before, [ev])
 
     async def decide(
@@ -389,7 +415,11 @@ class Ledger:
     # -- decorator form ----------------------------------------------------------------------
 
     def effect(
-        self, *, target: str, operation: str | None = None, timeout: float | None = None,
+        self,
+        *,
+        target: str,
+        operation: str | None = None,
+        timeout: float | None = None,
         key_arg: str = "idempotency_key",
     ) -> Callable[[F], Callable[..., Awaitable[Any]]]:
         """Wrap an async function that performs one external write and accepts the idempotency key
@@ -412,8 +442,14 @@ class Ledger:
                 bound.apply_defaults()
                 request = {k: v for k, v in bound.arguments.items() if k != key_arg}
                 confirmation = await self.execute(
-                    target=target, operation=op, request=request, run_id=run_id, step=step, key=key,
-                    timeout=timeout, call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
+                    target=target,
+                    operation=op,
+                    request=request,
+                    run_id=run_id,
+                    step=step,
+                    key=key,
+                    timeout=timeout,
+                    call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
                 )
                 return confirmation.value
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from streams.effect import Effect
+from streams.errors import DefiniteFailure
 from streams.model import Resolution, Verdict
 
 
@@ -111,12 +112,19 @@ class Target:
     receipt_id: Callable[[Any], str] | None = None
     backoff: Backoff = field(default_factory=Backoff)
 
+    @property
+    def definite(self) -> tuple[type[BaseException], ...]:
+        """Every exception type that counts as a definite rejection for this target."""
+        return (DefiniteFailure, *self.definite_errors)
+
 
 def view(effect: Effect) -> EffectView:
     i = effect.intent or effect.first_intent
     if i is None:
         return EffectView(effect.effect_id, "", "", None, effect.attempt, effect.created_ms, effect.created_ms)
-    return EffectView(effect.effect_id, i.target, i.operation, json.loads(i.request), effect.attempt, i.at_ms, i.deadline_ms)
+    return EffectView(
+        effect.effect_id, i.target, i.operation, json.loads(i.request), effect.attempt, i.at_ms, i.deadline_ms
+    )
 
 
 def retention_passed(effect: Effect, target: Target, now_ms: int) -> bool:

@@ -51,21 +51,33 @@ async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
             while True:
                 try:
                     c = await ledger.execute(
-                        target="payments", operation="refund.create", run_id=args.run_id,
+                        target="payments",
+                        operation="refund.create",
+                        run_id=args.run_id,
                         step=f"refund-order-{args.order}",
                         request={"order": args.order, "amount": args.amount, "currency": "CNY"},
                         call=lambda key: gw.refund(args.order, args.amount, idempotency_key=key),
                         timeout=args.timeout,
                     )
-                    return EXIT_OK, {"result": "confirmed", "key": c.effect_id, "receipt_id": c.receipt_id,
-                                     "called": c.called, "source": c.source.value}
+                    return EXIT_OK, {
+                        "result": "confirmed",
+                        "key": c.effect_id,
+                        "receipt_id": c.receipt_id,
+                        "called": c.called,
+                        "source": c.source.value,
+                    }
                 except EffectInProgress as e:
                     # An earlier attempt may still land until its deadline: wait it out, then ask again.
                     if loop.time() >= give_up:
                         return EXIT_IN_PROGRESS, {"result": "in_progress", "reason": str(e)}
                     await asyncio.sleep(min(1.0, max(0.05, (e.retry_after_ms or 200) / 1000)))
                 except EffectUncertain as e:
-                    return EXIT_UNCERTAIN, {"result": "uncertain", "key": e.effect_id, "state": e.state, "reason": e.reason}
+                    return EXIT_UNCERTAIN, {
+                        "result": "uncertain",
+                        "key": e.effect_id,
+                        "state": e.state,
+                        "reason": e.reason,
+                    }
                 except RefundRejected as e:
                     return EXIT_REJECTED, {"result": "rejected", "reason": str(e)}
 

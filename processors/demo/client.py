@@ -31,7 +31,9 @@ class GatewayClient:
         if self._session is not None:
             await self._session.close()
 
-    async def refund(self, order: str, amount: int, currency: str = "CNY", *, idempotency_key: str | None) -> dict[str, Any]:
+    async def refund(
+        self, order: str, amount: int, currency: str = "CNY", *, idempotency_key: str | None
+    ) -> dict[str, Any]:
         assert self._session is not None, "use 'async with GatewayClient(url)'"
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         body = {"order": order, "amount": amount, "currency": currency}

@@ -75,8 +75,12 @@ class GatewayState:
             if self.honours_keys and key and key in self.by_key:
                 return 200, asdict(self.by_key[key]), 0.0  # the original, not a second refund
             refund = Refund(
-                f"re_{next(self._ids):04d}", str(body["order"]), body["amount"], str(body.get("currency", "CNY")),
-                key, int(time.time() * 1000),
+                f"re_{next(self._ids):04d}",
+                str(body["order"]),
+                body["amount"],
+                str(body.get("currency", "CNY")),
+                key,
+                int(time.time() * 1000),
             )
             self.refunds.append(refund)
             if key and (self.honours_keys or self.lookup):
@@ -125,7 +129,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/_admin/fail":
             b = self._body()
             with state.lock:
-                state.failures.extend([(str(b.get("mode", "error")), float(b.get("delay", 0)))] * int(b.get("count", 1)))
+                state.failures.extend(
+                    [(str(b.get("mode", "error")), float(b.get("delay", 0)))] * int(b.get("count", 1))
+                )
             self._reply(200, {"queued": len(state.failures)})
         elif self.path == "/_admin/reset":
             state.reset()
@@ -136,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         state = self.server.state
         if self.path.startswith("/refunds/by-key/"):
-            status, body = state.find(self.path[len("/refunds/by-key/"):])
+            status, body = state.find(self.path[len("/refunds/by-key/") :])
             self._reply(status, body)
         elif self.path == "/_admin/refunds":
             with state.lock:
@@ -161,8 +167,8 @@ class Gateway:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     def start(self) -> Gateway:
         self._thread.start()

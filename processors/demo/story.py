@@ -27,8 +27,8 @@ from processors.demo.agent import payments_target
 from processors.demo.gateway import Gateway
 from processors.runner import Runner
 from streams import crashpoints
-from streams.ledger import Ledger
 from streams.effect import apply
+from streams.ledger import Ledger
 from streams.model import Event, Executed, Intent, Receipt, Resolution, State, Timeout
 
 SETTLED = (State.CONFIRMED, State.ESCALATED, State.ABSENT, State.FAILED)
@@ -39,8 +39,19 @@ def _agent(mode: str, workdir: Path, url: str, crash: str | None, timeout: float
     env.pop(crashpoints.ENV, None)
     if crash:
         env[crashpoints.ENV] = crash
-    cmd = [sys.executable, "-m", "processors.demo.agent", "--mode", mode, "--workdir", str(workdir),
-           "--gateway", url, "--timeout", str(timeout)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "processors.demo.agent",
+        "--mode",
+        mode,
+        "--workdir",
+        str(workdir),
+        "--gateway",
+        url,
+        "--timeout",
+        str(timeout),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     out = proc.stdout.strip().splitlines()
     if proc.returncode not in (0, -signal.SIGKILL) and not out:
@@ -74,8 +85,10 @@ async def _settle(console: Console, db: Path, url: str, timeout_s: float) -> tup
         runner = Runner(ledger, interval=0.1, grace_ms=200)
         rows = await ledger.store.query("SELECT effect_id, state FROM effects")
         key = rows[0]["effect_id"]
-        console.print(f"   ledger: the effect is [yellow]{rows[0]['state']}[/]: intent durable, outcome never "
-                      "recorded. The runner waits for its deadline, then asks the gateway by key.")
+        console.print(
+            f"   ledger: the effect is [yellow]{rows[0]['state']}[/]: intent durable, outcome never "
+            "recorded. The runner waits for its deadline, then asks the gateway by key."
+        )
         end = time.monotonic() + timeout_s
         effect = await ledger.get(key)
         while time.monotonic() < end and effect is not None and effect.state not in SETTLED:
@@ -103,8 +116,10 @@ def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
     console = console or Console(highlight=False)
     started = time.monotonic()
     console.rule("[bold]effect-ledger demo: a refund, a crash, a restart")
-    console.print("An agent refunds order 123 (4,800 CNY) at a payment gateway. Its process is killed "
-                  "with SIGKILL right after the gateway committed the refund, before anything was recorded.\n")
+    console.print(
+        "An agent refunds order 123 (4,800 CNY) at a payment gateway. Its process is killed "
+        "with SIGKILL right after the gateway committed the refund, before anything was recorded.\n"
+    )
     with tempfile.TemporaryDirectory(prefix="effect-ledger-demo-") as tmp, Gateway("key+lookup") as gw:
         console.print(f"Gateway on {gw.url}: honours Idempotency-Key, answers GET /refunds/by-key/{{key}}.\n")
 
@@ -114,27 +129,36 @@ def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
         code, _ = _agent("naive", naive, gw.url, crashpoints.AFTER_CALL, timeout)
         console.print(f"   agent: refund sent ... {_exit_text(code)} at [bold]after_call[/]")
         code, out = _agent("naive", naive, gw.url, None, timeout)
-        console.print(f"   agent restarted: its checkpoint says the step never finished, so it refunds "
-                      f"again ({out.get('receipt_id')})")
+        console.print(
+            f"   agent restarted: its checkpoint says the step never finished, so it refunds "
+            f"again ({out.get('receipt_id')})"
+        )
         naive_refunds = gw.refunds()
-        console.print(f"   gateway: [red bold]{len(naive_refunds)} refunds[/] of 4,800 for order 123: "
-                      f"{', '.join(r.id for r in naive_refunds)}\n")
+        console.print(
+            f"   gateway: [red bold]{len(naive_refunds)} refunds[/] of 4,800 for order 123: "
+            f"{', '.join(r.id for r in naive_refunds)}\n"
+        )
 
         gw.state.reset()
         console.print("[bold]2. With effect-ledger[/] (same crash)")
         led = Path(tmp, "ledger")
         led.mkdir()
         code, _ = _agent("ledger", led, gw.url, crashpoints.AFTER_CALL, timeout)
-        console.print(f"   agent: intent written to effects.db, refund sent with its key ... "
-                      f"{_exit_text(code)} at [bold]after_call[/]")
+        console.print(
+            f"   agent: intent written to effects.db, refund sent with its key ... "
+            f"{_exit_text(code)} at [bold]after_call[/]"
+        )
         states, key = asyncio.run(_settle(console, led / "effects.db", gw.url, timeout + 20))
         code, out = _agent("ledger", led, gw.url, None, timeout)
         called = "called the gateway again" if out.get("called") else "did not call the gateway"
-        console.print(f"   agent restarted: the ledger returns receipt [bold]{out.get('receipt_id')}[/] "
-                      f"({out.get('source', '').lower()}); it {called}")
+        console.print(
+            f"   agent restarted: the ledger returns receipt [bold]{out.get('receipt_id')}[/] "
+            f"({out.get('source', '').lower()}); it {called}"
+        )
         ledger_refunds = gw.refunds()
-        console.print(f"   gateway: [green bold]{len(ledger_refunds)} refund[/]: "
-                      f"{', '.join(r.id for r in ledger_refunds)}\n")
+        console.print(
+            f"   gateway: [green bold]{len(ledger_refunds)} refund[/]: {', '.join(r.id for r in ledger_refunds)}\n"
+        )
 
         table = Table(title="What the gateway paid for one logical refund")
         table.add_column("run")
@@ -142,15 +166,23 @@ def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
         table.add_column("paid", justify="right")
         table.add_column("effect states")
         table.add_row("naive retry", str(len(naive_refunds)), f"{sum(r.amount for r in naive_refunds):,}", "-")
-        table.add_row("effect-ledger", str(len(ledger_refunds)), f"{sum(r.amount for r in ledger_refunds):,}",
-                      " -> ".join(states))
+        table.add_row(
+            "effect-ledger", str(len(ledger_refunds)), f"{sum(r.amount for r in ledger_refunds):,}", " -> ".join(states)
+        )
         console.print(table)
-        ok = len(naive_refunds) == 2 and len(ledger_refunds) == 1 and out.get("result") == "confirmed" \
-            and not out.get("called") and states[-1] == State.CONFIRMED.value
+        ok = (
+            len(naive_refunds) == 2
+            and len(ledger_refunds) == 1
+            and out.get("result") == "confirmed"
+            and not out.get("called")
+            and states[-1] == State.CONFIRMED.value
+        )
         elapsed = time.monotonic() - started
         if ok:
             console.print(f"[green]One refund, recorded, reconciled, returned on restart.[/] ({elapsed:.1f} s)")
             return 0
-        console.print(f"[red]The demo did not go as told[/]: naive={len(naive_refunds)}, "
-                      f"ledger={len(ledger_refunds)}, agent={out}, states={states}")
+        console.print(
+            f"[red]The demo did not go as told[/]: naive={len(naive_refunds)}, "
+            f"ledger={len(ledger_refunds)}, agent={out}, states={states}"
+        )
         return 1

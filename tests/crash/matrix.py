@@ -62,8 +62,23 @@ def _agent(mode: str, workdir: Path, url: str, kind: str, crash: str | None) -> 
     env.pop(crashpoints.ENV, None)
     if crash:
         env[crashpoints.ENV] = crash
-    cmd = [sys.executable, "-m", "processors.demo.agent", "--mode", mode, "--workdir", str(workdir),
-           "--gateway", url, "--kind", kind, "--timeout", str(CALL_TIMEOUT), "--patience", "30"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "processors.demo.agent",
+        "--mode",
+        mode,
+        "--workdir",
+        str(workdir),
+        "--gateway",
+        url,
+        "--kind",
+        kind,
+        "--timeout",
+        str(CALL_TIMEOUT),
+        "--patience",
+        "30",
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     lines = p.stdout.strip().splitlines()
     if p.returncode not in (0, 3, 4, 5, -signal.SIGKILL):
@@ -131,8 +146,10 @@ def table(cells: list[Cell]) -> str:
     rows = [head, "|" + "---|" * 7]
     for c in cells:
         states = ", ".join(sorted({str(r.state) for r in c.ledger}))
-        rows.append(f"| {c.point} | {c.kind} | {len(c.ledger)} | {Cell.duplicates(c.naive)} | "
-                    f"{Cell.duplicates(c.ledger)} | {Cell.lost(c.ledger)} | {states} |")
+        rows.append(
+            f"| {c.point} | {c.kind} | {len(c.ledger)} | {Cell.duplicates(c.naive)} | "
+            f"{Cell.duplicates(c.ledger)} | {Cell.lost(c.ledger)} | {states} |"
+        )
     return "\n".join(rows)
 
 

@@ -1,0 +1,14 @@
+"""The SDK contract (``tests/sdk_contract.py``) against the embedded backend: ``Ledger.open`` on a
+SQLite file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streams.ledger import Ledger
+from tests.sdk_contract import LedgerContract
+
+
+class TestEmbeddedLedger(LedgerContract):
+    async def open_ledger(self, path: str, **kwargs: Any) -> Ledger:
+        return await Ledger.open(path, **kwargs)
