@@ -118,11 +118,17 @@ def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainE
         facts = [event]
     new = _derive(event.effect_id, tuple(facts))
     emitted: tuple[UncertainEffect, ...] = ()
-    became_uncertain = new.state is State.UNCERTAIN and (
-        effect is None or effect.state is not State.UNCERTAIN or effect.attempt != new.attempt
-    )
-    if became_uncertain:
-        emitted = (uncertain_event(new),)
+    # Reconcilers need the intent (target, request) to ask anyone: emit once the effect is
+    # uncertain *and* its intent is known, whichever came last.
+    if new.state is State.UNCERTAIN and new.intent is not None:
+        was_actionable = (
+            effect is not None
+            and effect.state is State.UNCERTAIN
+            and effect.attempt == new.attempt
+            and effect.intent is not None
+        )
+        if not was_actionable:
+            emitted = (uncertain_event(new),)
     return new, emitted
 
 
@@ -156,9 +162,13 @@ def timeout_event_id(effect_id: str, attempt: int, phase: TimeoutPhase) -> str:
 
 
 def uncertain_event(effect: Effect) -> UncertainEffect:
+    """The reconcilers' work item. Its event id names the attempt and how often reconcilers were
+    asked already, so a re-publication after a backoff is a new item and a repeat is not."""
     i = effect.intent
+    first = effect.first_intent
+    tries = max((r.tries for r in effect.resolutions if r.attempt == effect.attempt), default=0)
     return UncertainEffect(
-        event_id=f"uncertain:{effect.attempt}:{effect.effect_id}",
+        event_id=f"uncertain:{effect.attempt}:{tries}:{effect.effect_id}",
         effect_id=effect.effect_id,
         at_ms=effect.updated_ms,
         attempt=effect.attempt,
@@ -167,8 +177,12 @@ def uncertain_event(effect: Effect) -> UncertainEffect:
         request=i.request if i else "",
         request_digest=i.request_digest if i else "",
         reason=effect.reason or "uncertain",
-        intent_at_ms=i.at_ms if i else effect.created_ms,
+        intent_at_ms=first.at_ms if first else effect.created_ms,
         deadline_ms=i.deadline_ms if i else effect.created_ms,
+        tries=tries,
+        executed=any(
+            isinstance(f, Executed) and f.outcome is Outcome.OK and f.attempt == effect.attempt for f in effect.facts
+        ),
     )
 
 

@@ -62,3 +62,13 @@ class EffectClosed(LedgerError):
 class DefiniteFailure(LedgerError):
     """Raise it (or a subclass) from a call to say the destination definitively rejected the request
     and nothing happened: the effect is recorded FAILED and a later call may execute again."""
+
+
+class LedgerUnavailable(LedgerError):
+    """Kafka mode: the broker did not acknowledge the intent in time (``sync``), or the processor
+    could not be asked about a key; nothing was sent to the destination."""
+
+
+class LedgerLagging(LedgerUnavailable):
+    """The processor has not yet consumed every event Kafka acknowledged before the lookup began:
+    answering now could miss one, so the SDK refuses to guess."""

@@ -21,7 +21,7 @@ _KEY = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: safe in HTTP
 
 
 def check_name(kind: str, value: object) -> str:
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidEffect(
             f"invalid {kind} {value!r}: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
         )
@@ -33,7 +33,7 @@ def check_key(key: object) -> str:
         raise InvalidEffect(f"invalid effect key {key!r}: a non-empty string")
     if len(key) > MAX_KEY_LENGTH:
         raise InvalidEffect(f"effect key is {len(key)} characters; at most {MAX_KEY_LENGTH}")
-    if not _KEY.match(key):
+    if not _KEY.fullmatch(key):
         raise InvalidEffect(f"invalid effect key {key!r}: printable ASCII without spaces")
     return key
 

@@ -31,9 +31,10 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from streams import crashpoints
+from streams.config import KafkaConfig
 from streams.effect import Effect, expire
 from streams.errors import (
     EffectClosed,
@@ -42,6 +43,7 @@ from streams.errors import (
     EffectUncertain,
     InvalidEffect,
     LedgerClosed,
+    LedgerUnavailable,
 )
 from streams.keys import DEFAULT_NAMESPACE, canonical_json, check_key, check_name, digest, effect_key
 from streams.model import (
@@ -54,11 +56,16 @@ from streams.model import (
     Outcome,
     Receipt,
     ReceiptSource,
+    Resolution,
     State,
     Verdict,
 )
 from streams.reconcile import Absent, Answer, Found, Target, Unknown, judge, retention_passed, view
-from streams.store import Claim, ClaimOp, Durability, Store, VersionConflict, owner_alive, worker_identity
+from streams.store import Claim, ClaimOp, Durability, Loaded, Store, VersionConflict, owner_alive, worker_identity
+
+if TYPE_CHECKING:
+    from streams.lookup import ProcessorLookup
+    from streams.relay import Relay
 
 Call = Callable[[str], Any]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -106,6 +113,10 @@ class Ledger:
         self._targets: dict[str, Target] = {}
         self._inflight: set[str] = set()
         self.worker = worker_identity()
+        self._relay: Relay | None = None
+        self._sync = False
+        self._sync_timeout = 10.0
+        self._lookup: ProcessorLookup | None = None
 
     @classmethod
     async def open(
@@ -117,13 +128,39 @@ class Ledger:
         clock: Callable[[], int] = wall_clock_ms,
         default_timeout: float = 10.0,
         namespace: str = DEFAULT_NAMESPACE,
+        kafka: KafkaConfig | str | None = None,
+        sync: bool = False,
+        sync_timeout: float = 10.0,
+        lookup: str | None = None,
     ) -> Ledger:
-        """Open (or create) the ledger file. ``durability``: NORMAL survives a killed process, FULL
-        survives power loss too (an fsync per write). ``clock`` returns epoch milliseconds."""
+        """Open (or create) the ledger file.
+
+        ``durability``: NORMAL survives a killed process, FULL survives power loss too (an fsync per
+        write). ``clock`` returns epoch milliseconds.
+
+        Kafka mode: with ``kafka`` (a ``KafkaConfig`` or bootstrap servers) the file is also an
+        outbox, relayed to ``effects.events`` by a task of this event loop. ``sync=True`` waits for
+        the broker to acknowledge the intent before the destination is called (at most
+        ``sync_timeout`` s; then the effect is FAILED without a call). ``lookup`` is the ledger
+        processor's URL: a key this file does not know, or knows only as open, is looked up there
+        first, so an agent restarted on another host sees what its predecessor did.
+        """
         store = await Store.open(path, Durability(durability))
         ledger = cls(store, clock, default_timeout, namespace)
         for t in targets:
             ledger.register(t)
+        if kafka is not None:
+            from streams.relay import Relay
+
+            cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
+            ledger._relay = Relay(store, cfg)
+            ledger._relay.start()
+        ledger._sync = sync
+        ledger._sync_timeout = sync_timeout
+        if lookup is not None:
+            from streams.lookup import ProcessorLookup
+
+            ledger._lookup = ProcessorLookup(lookup)
         return ledger
 
     async def __aenter__(self) -> Ledger:
@@ -133,7 +170,17 @@ class Ledger:
         await self.close()
 
     async def close(self) -> None:
+        """Stop the relay (events not yet acknowledged stay in the outbox for the next start, or
+        ``effects relay --db``), then close the file."""
+        if self._relay is not None:
+            await self._relay.stop()
+        if self._lookup is not None:
+            await self._lookup.close()
         await self._store.close()
+
+    @property
+    def relay(self) -> Relay | None:
+        return self._relay
 
     @property
     def store(self) -> Store:
@@ -171,7 +218,10 @@ class Ledger:
             raise LedgerClosed(f"ledger {self._store.path} is closed")
         check_name("target", target)
         check_name("operation", operation)
-        ns = namespace or self._namespace
+        ns = self._namespace if namespace is None else namespace
+        for kind, value in (("run_id", run_id), ("step", step), ("namespace", ns)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidEffect(f"invalid {kind} {value!r}: a non-empty string")
         if key is None:
             if run_id is None or step is None:
                 raise InvalidEffect("give run_id and step (the key is derived from them), or key")
@@ -180,7 +230,7 @@ class Ledger:
             check_key(key)
         canonical = canonical_json(request)
         t_s = self._default_timeout if timeout is None else timeout
-        if not isinstance(t_s, int | float) or not 0 < t_s <= 7 * 24 * 3600:
+        if isinstance(t_s, bool) or not isinstance(t_s, int | float) or not 0 < t_s <= 7 * 24 * 3600:
             raise InvalidEffect(f"timeout must be a number of seconds > 0, got {t_s!r}")
         if not callable(call):
             raise InvalidEffect("call must be a function of the idempotency key")
@@ -200,6 +250,8 @@ class Ledger:
 
     async def _execute_once(self, key: str, spec: _Spec, call: Call) -> Confirmation:
         loaded = await self._store.load(key)
+        if self._lookup is not None and (loaded.effect is None or loaded.effect.state in OPEN_STATES):
+            loaded = await self._merge_remote(key, loaded)
         effect = loaded.effect
         observed_owner: str | None = None
         if effect is not None:
@@ -210,11 +262,12 @@ class Ledger:
                 raise EffectClosed(key, effect.state.value, effect.reason)
             if effect.state is State.ESCALATED:
                 raise EffectUncertain(key, effect.reason or "escalated: a person must decide", effect.state.value)
+            # The claim of an earlier attempt: refuse while its worker lives, else take it over.
+            observed_owner = self._check_claim(effect, loaded.claim)
             if effect.state in OPEN_STATES:
-                effect = await self._resolve_earlier(effect, loaded.claim, spec, call)
+                effect = await self._resolve_earlier(effect, spec, call)
                 if effect.state is State.CONFIRMED:
                     return _confirmation(effect, called=False)
-                observed_owner = loaded.claim.owner
             # FAILED or ABSENT: nothing happened at the destination; execute with the same key.
         return await self._run_attempt(key, effect, spec, call, observed_owner)
 
@@ -230,22 +283,50 @@ class Ledger:
             )
             raise EffectConflict(effect.effect_id, first.request_digest, given)
 
-    async def _resolve_earlier(self, effect: Effect, claim: Claim, spec: _Spec, call: Call) -> Effect:
-        """An earlier attempt is open. Returns the effect CONFIRMED or ABSENT, or raises."""
+    async def _merge_remote(self, key: str, loaded: Loaded) -> Loaded:
+        """Import what the processor knows about the key (events other hosts wrote)."""
+        assert self._lookup is not None
+        remote = await self._lookup.events(key)
+        if not remote:
+            return loaded
+        decoded = [self._store.codec.decode(b) for b in remote]
+        before = loaded.effect
+        for _ in range(_CONFLICT_RETRIES):
+            try:
+                await self._store.append(before, decoded, now_ms=self._clock(), sent=True)
+                break
+            except VersionConflict:
+                before = (await self._store.load(key)).effect
+        merged = await self._store.load(key)
+        e = merged.effect
+        if e is not None and merged.claim.owner is None and e.state in OPEN_STATES and e.intent is not None:
+            # The attempt was made on another host: its intent names the worker, its deadline the lease.
+            return Loaded(e, Claim(e.intent.worker, e.intent.deadline_ms))
+        return merged
+
+    def _check_claim(self, effect: Effect, claim: Claim) -> str | None:
+        """Raise ``EffectInProgress`` while another live worker holds the key; otherwise return the
+        owner to take the claim over from (None when nobody holds it)."""
+        if claim.owner is None or claim.owner == self.worker:
+            return claim.owner
         now = self._clock()
-        if claim.owner is not None and claim.owner != self.worker:
-            alive = owner_alive(claim.owner)
-            leased = claim.until_ms is not None and now < claim.until_ms
-            if alive or (alive is None and leased):
-                retry = (claim.until_ms - now) if claim.until_ms else None
-                raise EffectInProgress(
-                    effect.effect_id, f"worker {claim.owner} is executing attempt {effect.attempt}", retry
-                )
+        alive = owner_alive(claim.owner)
+        leased = claim.until_ms is not None and now < claim.until_ms
+        if alive or (alive is None and leased):
+            retry = max(0, claim.until_ms - now) if claim.until_ms else None
+            raise EffectInProgress(effect.effect_id, f"worker {claim.owner} is executing attempt {effect.attempt}", retry)
+        return claim.owner
+
+    async def _resolve_earlier(self, effect: Effect, spec: _Spec, call: Call) -> Effect:
+        """An earlier attempt is open and its worker gone. Returns the effect CONFIRMED or ABSENT, or
+        raises."""
+        due = expire(effect, self._clock())
+        if due:  # record what is already true, so the answer below reports UNCERTAIN, not PENDING
+            effect = await self._record(effect, list(due))
         target = self.target(spec.target)
         answer, name = await self._ask(effect, target, call, spec.timeout)
+        effect, resolution = await self._record_answer(effect, target, answer, name)
         now = self._clock()
-        resolution = judge(effect, target, answer, name, now)
-        effect = await self._record(effect, [resolution])
         if effect.state in (State.CONFIRMED, State.ABSENT):
             return effect
         if resolution.verdict is Verdict.UNKNOWN and effect.intent and now < effect.intent.deadline_ms:
@@ -281,7 +362,26 @@ class Ledger:
             return effect
         target = self.target(effect.intent.target if effect.intent else key.split(":", 1)[0])
         answer, name = await self._ask(effect, target, call, self._default_timeout)
-        return await self._record(effect, [judge(effect, target, answer, name, self._clock())])
+        return (await self._record_answer(effect, target, answer, name))[0]
+
+    async def _record_answer(
+        self, effect: Effect, target: Target, answer: Answer | None, name: str
+    ) -> tuple[Effect, Resolution]:
+        """Judge and record a reconciler's answer. When someone else recorded an answer meanwhile,
+        judge again on what they wrote: resolution ids count tries, so re-applying the same event
+        would be dropped as known, and a Found must never be lost to a concurrent Unknown."""
+        for _ in range(_CONFLICT_RETRIES):
+            resolution = judge(effect, target, answer, name, self._clock())
+            try:
+                after = await self._store.append(effect, [resolution], now_ms=self._clock())
+                return after.effect, resolution
+            except VersionConflict:
+                reloaded = (await self._store.load(effect.effect_id)).effect
+                assert reloaded is not None
+                effect = reloaded
+                if effect.state not in OPEN_STATES:
+                    return effect, resolution  # settled meanwhile (by the other answer or a person)
+        raise EffectInProgress(effect.effect_id, "could not record the reconciler's answer: the effect kept changing")
 
     async def _run_attempt(
         self, key: str, before: Effect | None, spec: _Spec, call: Call, observed_owner: str | None
@@ -306,7 +406,7 @@ class Ledger:
             worker=self.worker,
         )
         # The claim lives until the deadline: past it, the call cannot still be running here.
-        effect, _ = await self._store.append(
+        effect, _, intent_seq = await self._store.append(
             before,
             [intent],
             now_ms=now,
@@ -315,6 +415,11 @@ class Ledger:
             claim_until_ms=deadline,
             observed_owner=observed_owner,
         )
+        if self._sync and self._relay is not None and intent_seq:
+            if not await self._relay.wait_acked(intent_seq, self._sync_timeout):
+                reason = f"intent not acknowledged by Kafka within {self._sync_timeout:g} s; destination not called"
+                await self._outcome(effect, attempt, Outcome.FAILED, reason, self._clock())
+                raise LedgerUnavailable(reason)
         crashpoints.reached(crashpoints.AFTER_INTENT)
         target = self.target(spec.target)
         started = self._clock()
@@ -352,8 +457,7 @@ class Ledger:
         timeout, a webhook's receipt): on a version conflict, reload and fold again."""
         for _ in range(_CONFLICT_RETRIES):
             try:
-                effect, _ = await self._store.append(before, events, now_ms=self._clock(), claim_op=claim_op)
-                return effect
+                return (await self._store.append(before, events, now_ms=self._clock(), claim_op=claim_op)).effect
             except VersionConflict:
                 before = (await self._store.load(events[0].effect_id)).effect
         raise EffectInProgress(events[0].effect_id, "could not record: the effect kept changing")

@@ -190,6 +190,8 @@ class UncertainEffect:
     reason: str
     intent_at_ms: int
     deadline_ms: int
+    tries: int = 0
+    executed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

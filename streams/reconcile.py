@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from streams.effect import Effect
 from streams.errors import DefiniteFailure
-from streams.model import Resolution, Verdict
+from streams.model import Executed, Outcome, Resolution, UncertainEffect, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +54,10 @@ class EffectView:
     operation: str
     request: Any  # the decoded JSON request
     attempt: int
-    intent_at_ms: int
-    deadline_ms: int
+    intent_at_ms: int  # when the key was first used (the destination's key retention counts from it)
+    deadline_ms: int  # the current attempt's deadline
+    tries: int = 0  # how often the destination was asked about this attempt already
+    executed: bool = False  # the call of this attempt returned OK (so "absent" contradicts the record)
 
 
 class Reconciler(Protocol):
@@ -91,7 +93,11 @@ class Backoff:
     max_tries: int = 5
 
     def delay_ms(self, tries: int) -> int:
-        return int(min(self.max_s, self.first_s * self.factor ** max(0, tries - 1)) * 1000)
+        try:
+            delay = self.first_s * self.factor ** max(0, tries - 1)
+        except OverflowError:
+            delay = self.max_s
+        return int(min(self.max_s, delay) * 1000)
 
 
 @dataclass(frozen=True)
@@ -120,27 +126,48 @@ class Target:
 
 def view(effect: Effect) -> EffectView:
     i = effect.intent or effect.first_intent
-    if i is None:
-        return EffectView(effect.effect_id, "", "", None, effect.attempt, effect.created_ms, effect.created_ms)
+    first = effect.first_intent
+    tries = previous_tries(effect)
+    executed = any(
+        isinstance(f, Executed) and f.outcome is Outcome.OK and f.attempt == effect.attempt for f in effect.facts
+    )
+    if i is None or first is None:
+        return EffectView(
+            effect.effect_id, "", "", None, effect.attempt, effect.created_ms, effect.created_ms, tries, executed
+        )
+    request = json.loads(i.request)
     return EffectView(
-        effect.effect_id, i.target, i.operation, json.loads(i.request), effect.attempt, i.at_ms, i.deadline_ms
+        effect.effect_id, i.target, i.operation, request, effect.attempt, first.at_ms, i.deadline_ms, tries, executed
     )
 
 
-def retention_passed(effect: Effect, target: Target, now_ms: int) -> bool:
-    first = effect.first_intent
-    if target.retention_s is None or first is None:
+def view_of_uncertain(u: UncertainEffect) -> EffectView:
+    """The view a reconciliation consumer builds from an ``effects.uncertain`` record."""
+    request = json.loads(u.request) if u.request else None
+    return EffectView(
+        u.effect_id, u.target, u.operation, request, u.attempt, u.intent_at_ms, u.deadline_ms, u.tries, u.executed
+    )
+
+
+def retention_passed(effect: Effect | EffectView, target: Target, now_ms: int) -> bool:
+    if isinstance(effect, Effect):
+        effect = view(effect)
+    if target.retention_s is None or not effect.target:
         return False
-    return now_ms - first.at_ms > target.retention_s * 1000
+    return now_ms - effect.intent_at_ms > target.retention_s * 1000
 
 
 def previous_tries(effect: Effect) -> int:
     return max((r.tries for r in effect.resolutions if r.attempt == effect.attempt), default=0)
 
 
-def judge(effect: Effect, target: Target, answer: Answer | None, reconciler: str, now_ms: int) -> Resolution:
+def judge(
+    effect: Effect | EffectView, target: Target, answer: Answer | None, reconciler: str, now_ms: int
+) -> Resolution:
     """The resolution event for a reconciler's answer (``None``: nobody could be asked)."""
-    tries = previous_tries(effect) + 1
+    if isinstance(effect, Effect):
+        effect = view(effect)
+    tries = effect.tries + 1
     attempt = effect.attempt
     eid = f"resolution:{attempt}:{tries}:{effect.effect_id}"
 
@@ -152,17 +179,22 @@ def judge(effect: Effect, target: Target, answer: Answer | None, reconciler: str
     if isinstance(answer, Found):
         return res(Verdict.FOUND, "found at the destination", answer.receipt_id, json.dumps(answer.value, default=str))
     if isinstance(answer, Absent):
+        if effect.executed:
+            return res(
+                Verdict.ESCALATE,
+                "the call returned OK, but the destination reports no record of it: the two disagree",
+            )
         if retention_passed(effect, target, now_ms):
             return res(
                 Verdict.ESCALATE,
                 f"destination reports absent, but its key retention ({target.retention_s:.0f} s) has passed "
                 "since the intent: it may have forgotten the key",
             )
-        deadline = effect.intent.deadline_ms if effect.intent else 0
+        deadline = effect.deadline_ms if effect.target else 0
         if now_ms < deadline:
             # Not a try: asking again before the deadline must not run down the escalation count.
             tries -= 1
-            eid = f"resolution:{attempt}:{tries}:{effect.effect_id}"
+            eid = f"resolution:{attempt}:{tries}:early:{effect.effect_id}"
             return res(Verdict.UNKNOWN, f"absent so far, but the call may still land until its deadline ({deadline})")
         return res(Verdict.ABSENT, answer.reason or "not found at the destination")
     if tries >= target.backoff.max_tries:

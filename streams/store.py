@@ -17,11 +17,11 @@ import os
 import socket
 import sqlite3
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiosqlite
 
@@ -116,6 +116,12 @@ class Claim:
     until_ms: int | None
 
 
+class Appended(NamedTuple):
+    effect: Effect
+    emitted: list[UncertainEffect]
+    seq: int | None  # the last new event's seq (None: nothing new was written)
+
+
 @dataclass(frozen=True, slots=True)
 class Loaded:
     effect: Effect | None
@@ -176,6 +182,7 @@ class Store:
         self.durability = durability
         self.codec = codec
         self._closed = False
+        self._listeners: list[Callable[[int], None]] = []
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], durability: Durability = Durability.NORMAL) -> Store:
@@ -249,9 +256,11 @@ class Store:
         owner: str | None = None,
         claim_until_ms: int | None = None,
         observed_owner: str | None = None,
-    ) -> tuple[Effect, list[UncertainEffect]]:
+        sent: bool = False,
+    ) -> Appended:
         """Fold ``events`` into ``before`` and write them durably in one transaction, if nobody
-        wrote the effect since ``before`` was loaded; raises ``VersionConflict`` otherwise."""
+        wrote the effect since ``before`` was loaded; raises ``VersionConflict`` otherwise.
+        ``sent``: the events are already on Kafka (imported from the processor), not for the relay."""
         after = before
         emitted: list[UncertainEffect] = []
         for e in events:
@@ -259,7 +268,7 @@ class Store:
             emitted.extend(out)
         assert after is not None
         if after is before:
-            return after, []  # every event was already known: nothing to write
+            return Appended(after, [], None)  # every event was already known: nothing to write
         encoded = [(e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e)) for e in events]
         row = _row(after)
         row.update(
@@ -270,27 +279,73 @@ class Store:
             observed_owner=observed_owner,
             now=now_ms,
         )
-        ok = await self._run(self._append, row, encoded)
-        if not ok:
+        seq = await self._run(self._append, row, encoded, int(sent))
+        if seq is None:
             raise VersionConflict(after.effect_id)
-        return after, emitted
+        if not sent:
+            for listener in self._listeners:
+                listener(seq)
+        return Appended(after, emitted, seq)
 
-    def _append(self, row: dict[str, Any], encoded: list[tuple[str, str, str, int, bytes]]) -> bool:
+    def _append(self, row: dict[str, Any], encoded: list[tuple[str, str, str, int, bytes]], sent: int) -> int | None:
+        """The transaction (see the module docstring for its order). Returns the last new event's
+        seq (0 when every event was already stored), or None when the version check failed."""
         conn: sqlite3.Connection = self._db._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
             if conn.execute(_UPSERT, row).rowcount != 1:
                 conn.execute("ROLLBACK")
-                return False
-            conn.executemany(
-                "INSERT OR IGNORE INTO events (event_id, effect_id, kind, at_ms, body) VALUES (?, ?, ?, ?, ?)",
-                encoded,
-            )
+                return None
+            seq = 0
+            for values in encoded:
+                cur = conn.execute(
+                    "INSERT OR IGNORE INTO events (event_id, effect_id, kind, at_ms, body, sent) VALUES (?, ?, ?, ?, ?, ?)",
+                    (*values, sent),
+                )
+                if cur.rowcount == 1:
+                    seq = cur.lastrowid or seq
             conn.execute("COMMIT")
-            return True
+            return seq
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+
+    def add_listener(self, fn: Callable[[int], None]) -> None:
+        """Called (in the event loop) with the seq of each committed write meant for the relay."""
+        self._listeners.append(fn)
+
+    # -- the outbox --------------------------------------------------------------------------
+
+    async def unsent(self, limit: int) -> list[tuple[int, str, str, bytes]]:
+        """The oldest events not yet acknowledged by Kafka: (seq, effect_id, kind, body)."""
+        return await self._run(self._unsent, limit)  # type: ignore[no-any-return]
+
+    def _unsent(self, limit: int) -> list[tuple[int, str, str, bytes]]:
+        conn: sqlite3.Connection = self._db._conn
+        return conn.execute(
+            "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,)
+        ).fetchall()
+
+    async def mark_sent(self, seqs: Sequence[int]) -> None:
+        """Mark events acknowledged by the broker. Called only after their delivery reports."""
+        await self._run(self._mark_sent, list(seqs))
+
+    def _mark_sent(self, seqs: list[int]) -> None:
+        conn: sqlite3.Connection = self._db._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if seqs and seqs[-1] - seqs[0] + 1 == len(seqs):
+                conn.execute("UPDATE events SET sent = 1 WHERE seq BETWEEN ? AND ? AND sent = 0", (seqs[0], seqs[-1]))
+            else:
+                conn.executemany("UPDATE events SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def outbox_depth(self) -> int:
+        rows = await self.query("SELECT count(*) AS n FROM events WHERE sent = 0")
+        return int(rows[0]["n"])
 
     async def set_backoff(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
         await self.query(

@@ -49,9 +49,7 @@ from streams.model import (
     Flag,
     Intent,
     Outcome,
-    Receipt,
     ReceiptSource,
-    Resolution,
     State,
     Verdict,
 )
@@ -460,6 +458,52 @@ class LedgerContract(abc.ABC):
 
         run(self.with_ledger(self.db(tmp_path), body))
 
+    def test_cancelled_call_is_recorded_unknown_and_frees_the_key(self, tmp_path: Path) -> None:
+        async def body(ledger: Ledger) -> None:
+            entered = asyncio.Event()
+
+            async def hangs(key: str) -> dict[str, Any]:
+                entered.set()
+                await asyncio.Event().wait()
+                return {}
+
+            task = asyncio.create_task(self.execute(ledger, hangs))
+            await asyncio.wait_for(entered.wait(), 10)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            effect = await ledger.get(KEY)
+            assert effect.state is State.UNCERTAIN  # type: ignore[union-attr]
+            execs = [f for f in effect.facts if isinstance(f, Executed)]  # type: ignore[union-attr]
+            assert [x.outcome for x in execs] == [Outcome.UNKNOWN] and "CancelledError" in (execs[0].error or "")
+            # Not "another task of this worker is executing it": the ledger asks (and escalates).
+            dest = Destination()
+            with pytest.raises(EffectUncertain) as ei:
+                await self.execute(ledger, dest)
+            assert ei.value.state == "ESCALATED" and dest.calls == []
+
+        run(self.with_ledger(self.db(tmp_path), body))
+
+    def test_plain_function_call_and_non_dict_values(self, tmp_path: Path) -> None:
+        async def body(ledger: Ledger) -> None:
+            c = await self.execute(ledger, lambda key: {"id": 17, "key": key})
+            assert c.receipt_id == "17" and c.value == {"id": 17, "key": KEY}
+            c2 = await self.execute(ledger, lambda key: ["ok", key], step="list-value")
+            assert c2.receipt_id.startswith("sha256:") and c2.value == ["ok", c2.effect_id]
+            again = await self.execute(ledger, lambda key: ["other"], step="list-value")
+            assert again.receipt_id == c2.receipt_id and again.value == c2.value and not again.called
+
+        run(self.with_ledger(self.db(tmp_path), body))
+
+    def test_target_receipt_id_function(self, tmp_path: Path) -> None:
+        target = Target(TARGET, receipt_id=lambda v: v["refund"]["ref"])
+
+        async def body(ledger: Ledger) -> None:
+            c = await self.execute(ledger, lambda key: {"refund": {"ref": "R-1"}})
+            assert c.receipt_id == "R-1"
+
+        run(self.with_ledger(self.db(tmp_path), body, targets=[target]))
+
     # -- an earlier attempt whose worker died -----------------------------------------------------------
 
     def test_dead_owner_found_is_confirmed_without_calling(self, tmp_path: Path) -> None:
@@ -533,11 +577,12 @@ class LedgerContract(abc.ABC):
             with pytest.raises(EffectUncertain) as ei:
                 await self.execute(ledger, dest)
             assert ei.value.effect_id == KEY
+            assert ei.value.state == "UNCERTAIN"  # the due timeout is recorded before asking
             assert dest.calls == []
             effect = await ledger.get(KEY)
-            assert effect.state in (State.PENDING, State.UNCERTAIN)  # type: ignore[union-attr]
+            assert effect.state is State.UNCERTAIN  # type: ignore[union-attr]
             assert [r.verdict for r in effect.resolutions] == [Verdict.UNKNOWN]  # type: ignore[union-attr]
-            assert event_kinds(ledger.store.path, KEY) == ["Intent", "Resolution"]
+            assert event_kinds(ledger.store.path, KEY) == ["Intent", "Timeout", "Resolution"]
 
         run(self.with_ledger(self.db(tmp_path), body, clock=clock, targets=[target]))
 
@@ -556,6 +601,44 @@ class LedgerContract(abc.ABC):
             assert [(r.verdict, r.reconciler) for r in effect.resolutions] == [(Verdict.FOUND, "replay")]  # type: ignore[union-attr]
 
         run(self.with_ledger(self.db(tmp_path), body, targets=[target]))
+
+    def test_honours_keys_past_retention_escalates_without_replaying(self, tmp_path: Path) -> None:
+        dest = Destination()
+        clock = FakeClock()
+        target = Target(TARGET, honours_keys=True, retention_s=60)
+
+        async def body(ledger: Ledger) -> None:
+            await write_pending(ledger, owner=dead_owner(), timeout_s=10)
+            clock.advance(60_001)
+            with pytest.raises(EffectUncertain) as ei:
+                await self.execute(ledger, dest)
+            assert ei.value.state == "ESCALATED" and dest.calls == []
+
+        run(self.with_ledger(self.db(tmp_path), body, clock=clock, targets=[target]))
+
+    @pytest.mark.parametrize("found", [True, False], ids=["found", "no-way-to-ask"])
+    def test_executed_without_receipt(self, tmp_path: Path, found: bool) -> None:
+        """The call returned ok and that was recorded, then the worker died before the receipt."""
+        dest = Destination()
+        targets = [Target(TARGET, reconciler=reconciler_of(Found("re_3", {"id": "re_3"})))] if found else []
+
+        async def body(ledger: Ledger) -> None:
+            key = await write_pending(ledger, owner=dead_owner())
+            before = await ledger.get(key)
+            now = ledger.now_ms()
+            ok = Executed(uuid.uuid4().hex, key, now, 1, Outcome.OK, None, now, now, None, dead_owner())
+            await ledger.store.append(before, [ok], now_ms=now, claim_op=ClaimOp.RELEASE)
+            assert (await ledger.get(key)).state is State.EXECUTED  # type: ignore[union-attr]
+            if found:
+                c = await self.execute(ledger, dest)
+                assert (c.receipt_id, c.called) == ("re_3", False)
+            else:
+                with pytest.raises(EffectUncertain) as ei:
+                    await self.execute(ledger, dest)
+                assert ei.value.state == "ESCALATED"
+            assert dest.calls == []
+
+        run(self.with_ledger(self.db(tmp_path), body, targets=targets))
 
     def test_no_way_to_ask_escalates(self, tmp_path: Path) -> None:
         dest = Destination()
@@ -646,6 +729,50 @@ class LedgerContract(abc.ABC):
 
         run(self.with_ledger(self.db(tmp_path), body))
 
+    def test_a_found_answer_is_not_lost_to_a_concurrent_unknown_one(self, tmp_path: Path) -> None:
+        """Two workers reconcile the same uncertain effect at once. The lookup answers the first one
+        late with Found, the second one early with Unknown (a 503). The Unknown is recorded first;
+        the Found must still land (CONFIRMED) and the first worker must get the receipt."""
+        path = self.db(tmp_path)
+        clock = FakeClock()
+
+        async def body() -> None:
+            first_asked, answer_first = asyncio.Event(), asyncio.Event()
+            asks: list[str] = []
+
+            async def lookup(effect: EffectView) -> Any:
+                asks.append(effect.effect_id)
+                if len(asks) == 1:
+                    first_asked.set()
+                    await answer_first.wait()
+                    return Found("re_1", {"id": "re_1"})
+                return Unknown("gateway 503")
+
+            target = Target(TARGET, reconciler=CallableReconciler(lookup, name="lookup"))
+            a = await self.open_ledger(path, clock=clock, targets=[target])
+            b = await self.open_ledger(path, clock=clock, targets=[target])
+            try:
+                dest = Destination()
+                dest.fail.append(ConnectionError("reset"))
+                with pytest.raises(EffectUncertain):
+                    await self.execute(a, dest, timeout=10)
+                clock.advance(10_001)
+                task = asyncio.create_task(self.execute(a, dest, timeout=10))
+                await asyncio.wait_for(first_asked.wait(), 10)
+                with pytest.raises(EffectUncertain):
+                    await self.execute(b, dest, timeout=10)
+                answer_first.set()
+                c = await task
+                assert (c.receipt_id, c.called) == ("re_1", False)
+                effect = await b.get(KEY)
+                assert effect.state is State.CONFIRMED  # type: ignore[union-attr]
+                assert dest.calls == [KEY]
+            finally:
+                await a.close()
+                await b.close()
+
+        run(body())
+
     # -- conflicts ------------------------------------------------------------------------------------
 
     def test_same_key_different_request_is_a_conflict_and_writes_nothing(self, tmp_path: Path) -> None:
@@ -727,16 +854,18 @@ class LedgerContract(abc.ABC):
 
         run(self.with_ledger(self.db(tmp_path), body, clock=clock))
 
-    def test_decide_abandoned_closes_the_effect(self, tmp_path: Path) -> None:
+    @pytest.mark.parametrize("decision", [DecisionKind.ABANDONED, DecisionKind.COMPENSATED])
+    def test_decide_abandoned_closes_the_effect(self, tmp_path: Path, decision: DecisionKind) -> None:
         dest = Destination()
 
         async def body(ledger: Ledger) -> None:
             await self._escalated(ledger, dest)
-            effect = await ledger.decide(KEY, DecisionKind.ABANDONED, by="oncall", reason="customer cancelled")
-            assert effect.state is State.ABANDONED
+            effect = await ledger.decide(KEY, decision, by="oncall", reason="customer cancelled")
+            assert effect.state.value == decision.value
             with pytest.raises(EffectClosed) as ei:
                 await self.execute(ledger, dest)
-            assert ei.value.state == "ABANDONED" and dest.calls == [KEY]
+            assert ei.value.state == decision.value and dest.calls == [KEY]
+            assert "customer cancelled" in str(ei.value)
 
         run(self.with_ledger(self.db(tmp_path), body))
 
@@ -828,7 +957,7 @@ class LedgerContract(abc.ABC):
     def test_request_not_json(self, tmp_path: Path, request_: Any) -> None:
         self._refused(tmp_path, InvalidEffect, request=request_)
 
-    @pytest.mark.parametrize("key", ["k" * 256, "has space", "tab\there", "", "nön-ascii", 12])
+    @pytest.mark.parametrize("key", ["k" * 256, "has space", "tab\there", "", "nön-ascii", 12, "k\n"])
     def test_invalid_key(self, tmp_path: Path, key: Any) -> None:
         self._refused(tmp_path, InvalidEffect, key=key)
 
@@ -848,6 +977,14 @@ class LedgerContract(abc.ABC):
     @pytest.mark.parametrize("run_id", ["", 5])
     def test_invalid_run_id(self, tmp_path: Path, run_id: Any) -> None:
         self._refused(tmp_path, InvalidEffect, run_id=run_id)
+
+    @pytest.mark.parametrize(
+        "given", [{"run_id": 5}, {"step": ["x"]}, {"namespace": 5}], ids=["run_id", "step", "namespace"]
+    )
+    def test_non_string_ids_with_an_explicit_key(self, tmp_path: Path, given: dict[str, Any]) -> None:
+        """With ``key=`` the ids are not needed for the key, but they are still recorded in the intent:
+        a wrong type must be refused as InvalidEffect, like every other bad input."""
+        self._refused(tmp_path, InvalidEffect, key="my-key", **given)
 
     @pytest.mark.parametrize("timeout", [0, -1, 0.0, float("nan"), float("inf"), "10", 8 * 24 * 3600])
     def test_invalid_timeout(self, tmp_path: Path, timeout: Any) -> None:

@@ -25,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 KINDS = ("key+lookup", "lookup", "key", "none")
 
@@ -142,7 +143,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         state = self.server.state
         if self.path.startswith("/refunds/by-key/"):
-            status, body = state.find(self.path[len("/refunds/by-key/") :])
+            status, body = state.find(unquote(self.path[len("/refunds/by-key/") :]))
             self._reply(status, body)
         elif self.path == "/_admin/refunds":
             with state.lock:

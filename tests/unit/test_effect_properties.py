@@ -101,13 +101,13 @@ def histories(draw: st.DrawFn) -> list[Event]:
                                        deadline))
         for _ in range(draw(N_RESOLUTIONS)):
             verdict = draw(VERDICTS)
-            rid = draw(MAYBE_RIDS) if verdict is Verdict.FOUND else None
-            events.append(Resolution(eid("resolution"), KEY, base + draw(OFFSET), a, verdict, "recon", "why", rid,
-                                     f'{{"id":"{rid}"}}' if rid else None, 1 + draw(ZERO_TO_TWO)))
+            frid = draw(MAYBE_RIDS) if verdict is Verdict.FOUND else None
+            events.append(Resolution(eid("resolution"), KEY, base + draw(OFFSET), a, verdict, "recon", "why", frid,
+                                     f'{{"id":"{frid}"}}' if frid else None, 1 + draw(ZERO_TO_TWO)))
         if draw(A_DECISION):
             kind = draw(KINDS)
-            rid = draw(MAYBE_RIDS) if kind is DecisionKind.CONFIRMED else None
-            events.append(Decision(eid("decision"), KEY, base + draw(OFFSET), a, kind, "alice", "looked", rid))
+            drid = draw(MAYBE_RIDS) if kind is DecisionKind.CONFIRMED else None
+            events.append(Decision(eid("decision"), KEY, base + draw(OFFSET), a, kind, "alice", "looked", drid))
     if not events:  # nothing drawn at all: give it an intent so that there is something to fold
         events.append(Intent(eid("intent"), KEY, T0, 1, "payments", "refund.create", "default", "run-1",
                              "refund-order-123", "{}", DIGESTS[0], T0 + 30, "worker-1"))
@@ -163,7 +163,13 @@ def test_duplicates_are_flagged_not_overwritten(events: list[Event]) -> None:
     """(e) Two distinct receipt ids: DUPLICATE_RECEIPT is flagged and the state is CONFIRMED (or
     COMPENSATED). Likewise every OK execution is counted and two of them are flagged."""
     eff = folded(events)
-    if len(eff.receipt_ids) > 1:
+    expected_ids = {e.receipt_id for e in events if isinstance(e, Receipt)}
+    expected_ids |= {e.receipt_id for e in events
+                     if isinstance(e, Resolution) and e.verdict is Verdict.FOUND and e.receipt_id is not None}
+    expected_ids |= {e.receipt_id or f"decision:{e.event_id}" for e in events
+                     if isinstance(e, Decision) and e.decision is DecisionKind.CONFIRMED}
+    assert eff.receipt_ids == tuple(sorted(expected_ids))
+    if len(expected_ids) > 1:
         assert Flag.DUPLICATE_RECEIPT in eff.flags
         assert eff.state in (State.CONFIRMED, State.COMPENSATED)
     else:
@@ -188,7 +194,7 @@ def test_expire_is_idempotent(events: list[Event], data: st.DataObject) -> None:
     if eff.deadline_ms is None or now < eff.deadline_ms:
         assert due == []
     assert expire(eff, now) == due  # deterministic: a timer firing twice gives the same command
-    after = fold(due, eff)
+    after = fold(list[Event](due), eff)
     assert after is not None
     if due:
         assert after.state is State.UNCERTAIN
@@ -199,16 +205,18 @@ def test_expire_is_idempotent(events: list[Event], data: st.DataObject) -> None:
 @SETTINGS
 @given(events=histories(), data=st.data())
 def test_state_is_a_state_and_uncertainty_is_always_emitted(events: list[Event], data: st.DataObject) -> None:
-    """(g) The state is one of State; and an effect that ends UNCERTAIN emitted an UncertainEffect for
-    its current attempt at some point, in any arrival order (reconcilers never miss one)."""
+    """(g) The state is one of State; and an effect that ends UNCERTAIN with its intent known emitted an
+    UncertainEffect for its current attempt at some point, in any arrival order (reconcilers never
+    miss one they could act on; without an intent there is nothing to ask a destination about)."""
     emitted: list[UncertainEffect] = []
     eff: Effect | None = None
     for e in data.draw(st.permutations(events)):
         eff, out = apply(eff, e)
         assert len(out) <= 1
+        assert all(u.target for u in out)  # never an item reconcilers cannot act on
         emitted.extend(out)
     assert eff is not None
     assert type(eff.state) is State
     assert eff.state in set(State)
-    if eff.state is State.UNCERTAIN:
-        assert any(u.attempt == eff.attempt and u.event_id == f"uncertain:{eff.attempt}:{KEY}" for u in emitted)
+    if eff.state is State.UNCERTAIN and eff.intent is not None:
+        assert any(u.attempt == eff.attempt and u.event_id == f"uncertain:{eff.attempt}:{u.tries}:{KEY}" for u in emitted)

@@ -193,7 +193,7 @@ def test_executed_unknown_makes_uncertain_and_emits() -> None:
     assert len(emitted) == 1
     u = emitted[0]
     assert isinstance(u, UncertainEffect)
-    assert u.event_id == f"uncertain:1:{KEY}"
+    assert u.event_id == f"uncertain:1:0:{KEY}"
     assert u.effect_id == KEY
     assert u.attempt == 1
     assert (u.target, u.operation) == ("payments", "refund.create")
@@ -268,12 +268,12 @@ def test_receipt_timeout_on_executed_makes_uncertain() -> None:
 def test_expire_returns_nothing_for_effects_without_an_open_deadline(final: str) -> None:
     """given a CONFIRMED, FAILED or UNCERTAIN effect, when expire is asked long after every
     deadline, then no timeout is due."""
-    events = {
+    by_state: dict[str, list[Event]] = {
         "confirmed": [intent(), executed(), receipt()],
         "failed": [intent(), executed(Outcome.FAILED, error="rejected")],
         "uncertain": [intent(), executed(Outcome.UNKNOWN, error="eof")],
-    }[final]
-    eff = effect_of(*events)
+    }
+    eff = effect_of(*by_state[final])
     assert eff.deadline_ms is None
     assert expire(eff, T0 + 10**9) == []
 
@@ -401,7 +401,7 @@ def test_re_execution_after_absent_or_failed(closed_by: str) -> None:
     effect is PENDING at attempt 2 with attempt 2's deadline; and when attempt 2 executes OK and gets a
     receipt, then it is CONFIRMED with one execution and no flags."""
     if closed_by == "absent":
-        first = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.ABSENT)]
+        first: list[Event] = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.ABSENT)]
         expected = State.ABSENT
     else:
         first = [intent(), executed(Outcome.FAILED, error="declined")]
@@ -416,9 +416,10 @@ def test_re_execution_after_absent_or_failed(closed_by: str) -> None:
     assert eff.first_intent is not None and eff.first_intent.attempt == 1
     assert eff.deadline_ms == T0 + 110_000
     assert emitted == ()
-    eff = fold([executed(Outcome.OK, attempt=2, at=T0 + 100_500),
-                receipt("re_2", attempt=2, at=T0 + 100_600)], eff)
-    assert eff is not None
+    done = fold([executed(Outcome.OK, attempt=2, at=T0 + 100_500),
+                 receipt("re_2", attempt=2, at=T0 + 100_600)], eff)
+    assert done is not None
+    eff = done
     assert eff.state is State.CONFIRMED
     assert eff.attempt == 2
     assert eff.executions == 1
@@ -435,7 +436,7 @@ def test_uncertain_attempt_2_emits_again() -> None:
     assert eff.state is State.UNCERTAIN
     assert len(emitted) == 1
     assert emitted[0].attempt == 2
-    assert emitted[0].event_id == f"uncertain:2:{KEY}"
+    assert emitted[0].event_id == f"uncertain:2:0:{KEY}"
     assert emitted[0].deadline_ms == T0 + 110_000
 
 
@@ -532,20 +533,22 @@ def test_becoming_uncertain_emits_once_and_unrelated_events_after_emit_nothing()
     emitted while it stays UNCERTAIN."""
     total: list[UncertainEffect] = []
     eff: Effect | None = None
-    for e in [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN, reason="503"),
-              timeout(TimeoutPhase.CALL), resolution(Verdict.UNKNOWN, at=T0 + 25_000, tries=2)]:
+    stream: list[Event] = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN, reason="503"),
+                           timeout(TimeoutPhase.CALL), resolution(Verdict.UNKNOWN, at=T0 + 25_000, tries=2)]
+    for e in stream:
         eff, emitted = apply(eff, e)
         total.extend(emitted)
     assert eff is not None and eff.state is State.UNCERTAIN
     assert len(total) == 1
-    assert total[0].event_id == f"uncertain:1:{KEY}"
+    assert total[0].event_id == f"uncertain:1:0:{KEY}"
 
 
 def test_no_emission_for_non_uncertain_transitions() -> None:
     """given a fresh key, when a full happy path is applied (intent, OK, receipt), then nothing is
     emitted at any step."""
     eff: Effect | None = None
-    for e in [intent(), executed(), receipt()]:
+    happy: list[Event] = [intent(), executed(), receipt()]
+    for e in happy:
         eff, emitted = apply(eff, e)
         assert emitted == ()
 
@@ -554,8 +557,8 @@ def test_no_emission_for_non_uncertain_transitions() -> None:
 def test_applying_an_event_twice_returns_the_identical_object(step: int) -> None:
     """given an effect that already holds an event, when the same event is applied again, then the
     very same Effect object is returned and nothing is emitted."""
-    events = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN),
-              decision(DecisionKind.ABSENT)]
+    events: list[Event] = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN),
+                           decision(DecisionKind.ABSENT)]
     eff = effect_of(*events)
     again, emitted = apply(eff, events[step])
     assert again is eff
@@ -590,7 +593,7 @@ def test_to_state_fields() -> None:
     reported (flags as strings, ids sorted), identity comes from the first intent, and created/updated
     are the min/max event times."""
     first = intent(at=T0)
-    events = [
+    events: list[Event] = [
         first,
         executed(Outcome.OK, at=T0 + 500),
         timeout(TimeoutPhase.RECEIPT, at=RECEIPT_DEADLINE, deadline=RECEIPT_DEADLINE),

@@ -1,0 +1,333 @@
+"""The ledger processor: folds ``effects.events`` into a table of effects (faust-streaming).
+
+Per event, in this order (faust commits the source offset only after the sends attached to the
+event are acknowledged — at-least-once; the fold is idempotent, so a replayed event changes
+nothing):
+
+1. decode; a record that cannot be decoded, or whose key is not its effect_id, goes to
+   ``effects.dlq`` with the reason, and processing continues;
+2. fold it into the effect (``streams.effect.apply``) and write the table (RocksDB, changelog
+   topic co-partitioned with ``effects.events``);
+3. publish the new state to ``effects.state`` (compacted) and, when the effect has just become
+   uncertain, an ``UncertainEffect`` to ``effects.uncertain``.
+
+Deadlines: a timer scans an in-memory index of *this worker's* open effects (rebuilt from the table
+after every rebalance, skipped while the table recovers) and sends a Timeout command through
+``effects.events``, so the change happens inside the stream like any other event. Uncertain
+effects whose reconciler answered "unknown" are re-published to ``effects.uncertain`` when their
+backoff has passed, so a restarted reconciler loses no work.
+
+Lookup: ``GET /effects/{key}`` is routed to the worker that owns the key's partition and answers
+only once the table has consumed that partition up to the high watermark seen when the request
+arrived (read-your-writes); after ``lookup_bound_s`` it answers 503 "lagging".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.types import TP
+from faust.web import Request, Response, View
+
+from streams import codec as codec_mod
+from streams.config import KafkaConfig
+from streams.effect import Effect, apply, expire, to_state, uncertain_event
+from streams.model import DeadLetter, State
+from streams.partition import partition_for
+from streams.reconcile import Backoff
+
+log = logging.getLogger("effect_ledger.processor")
+
+# Table value: a small header (read without decoding the events, when the index is rebuilt), then
+# the effect's events, each length-prefixed in Avro single-object encoding.
+_HEADER = struct.Struct(">Bq")  # format version, due_ms (-1: nothing due)
+_LEN = struct.Struct(">I")
+_FORMAT = 1
+
+
+def pack(effect: Effect, due_ms: int | None, encode: Any) -> bytes:
+    parts = [_HEADER.pack(_FORMAT, -1 if due_ms is None else due_ms)]
+    for f in effect.facts:
+        body = encode(f)
+        parts.append(_LEN.pack(len(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def unpack_due(value: bytes) -> int | None:
+    _, due = _HEADER.unpack_from(value)
+    return None if due < 0 else int(due)
+
+
+def unpack(value: bytes, decode: Any) -> Effect | None:
+    effect: Effect | None = None
+    pos = _HEADER.size
+    while pos < len(value):
+        (n,) = _LEN.unpack_from(value, pos)
+        pos += _LEN.size
+        effect, _ = apply(effect, decode(value[pos : pos + n]))
+        pos += n
+    return effect
+
+
+def encoded_events(value: bytes) -> list[bytes]:
+    out = []
+    pos = _HEADER.size
+    while pos < len(value):
+        (n,) = _LEN.unpack_from(value, pos)
+        pos += _LEN.size
+        out.append(value[pos : pos + n])
+        pos += n
+    return out
+
+
+def due_of(effect: Effect, backoff: Backoff, first_check_ms: int) -> int | None:
+    """When the timer must next look at this effect: the deadline of an open attempt, or the time to
+    ask the reconcilers again about an uncertain one."""
+    if effect.state in (State.PENDING, State.EXECUTED):
+        return effect.deadline_ms
+    if effect.state is State.UNCERTAIN:
+        tries = [r for r in effect.resolutions if r.attempt == effect.attempt]
+        if tries:
+            last = max(tries, key=lambda r: (r.tries, r.at_ms))
+            return last.at_ms + backoff.delay_ms(last.tries)
+        return effect.updated_ms + first_check_ms
+    return None
+
+
+@dataclass
+class ProcessorSettings:
+    kafka: KafkaConfig = field(default_factory=KafkaConfig.from_env)
+    app_id: str = "effect-ledger"
+    data_dir: Path = Path("./effect-ledger-data")
+    store: str = "rocksdb://"
+    web_host: str = "127.0.0.1"
+    web_port: int = 6066
+    timer_interval_s: float = 0.25
+    grace_ms: int = 1000
+    lookup_bound_s: float = 5.0
+    backoff: Backoff = field(default_factory=Backoff)
+    first_check_ms: int = 60_000  # re-publish an uncertain effect nobody has answered for this long
+
+    @property
+    def full_app_id(self) -> str:
+        return f"{self.kafka.prefix}{self.app_id}"
+
+
+class LedgerProcessor:
+    """Builds and holds the faust app. ``app`` is what ``faust.Worker`` runs."""
+
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.s = settings
+        self.codec = codec_mod.default_codec()
+        k = settings.kafka
+        topics = k.topics
+        self.app = faust.App(
+            settings.full_app_id,
+            broker=[f"kafka://{b.strip()}" for b in k.bootstrap.split(",")],
+            broker_credentials=faust_credentials(k),
+            store=settings.store,
+            datadir=str(settings.data_dir),
+            topic_partitions=k.partitions,
+            topic_replication_factor=k.replication,
+            processing_guarantee="at_least_once",
+            consumer_auto_offset_reset="earliest",
+            web_host=settings.web_host,
+            web_port=settings.web_port,
+            canonical_url=f"http://{settings.web_host}:{settings.web_port}",
+            web_in_thread=False,
+            table_standby_replicas=0,
+            stream_wait_empty=False,
+            producer_acks=-1,
+        )
+        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+        self.events = self.app.topic(topics.events, partitions=k.partitions, **raw)
+        self.state_topic = self.app.topic(topics.state, partitions=k.partitions, **raw)
+        self.uncertain = self.app.topic(topics.uncertain, partitions=k.partitions, **raw)
+        self.dlq = self.app.topic(topics.dlq, partitions=k.partitions, **raw)
+        self.table = self.app.Table(
+            "effects",
+            default=None,
+            partitions=k.partitions,
+            key_type=str,
+            value_type=bytes,  # the store picks the "raw" codec for bytes: our own encoding, untouched
+        )
+        # key -> (partition, due_ms, last_sent_ms): this worker's effects that need the timer.
+        self.index: dict[str, tuple[int, int, int]] = {}
+        self.processed: dict[int, int] = {}  # partition -> last offset folded
+        self._indexed_assignment: frozenset[int] | None = None
+        self._cache: dict[str, tuple[bytes, Effect]] = {}
+        self._register()
+
+    # -- the fold --------------------------------------------------------------------------
+
+    def _register(self) -> None:
+        app = self.app
+
+        @app.agent(self.events, name="fold")
+        async def fold(stream: Any) -> None:
+            async for event in stream.events():
+                await self.handle(event)
+
+        @app.timer(interval=self.s.timer_interval_s, name="deadlines")
+        async def deadlines() -> None:
+            await self.tick()
+
+        processor = self
+
+        @app.page("/effects/{key}")
+        class EffectPage(View):
+            @app.table_route(table=self.table, match_info="key")
+            async def get(self, request: Request, key: str) -> Response:
+                return await processor.lookup(self, key)
+
+        @app.page("/health")
+        class Health(View):
+            async def get(self, request: Request) -> Response:
+                return self.json({"ok": True, "in_recovery": bool(getattr(app, "in_recovery", False)),
+                                  "processed": processor.processed, "open": len(processor.index)})
+
+    async def handle(self, event: Any) -> None:
+        msg = event.message
+        self.processed[msg.partition] = msg.offset
+        try:
+            ev = self.codec.decode(event.value)
+        except codec_mod.DecodeError as e:
+            await self.dead_letter(msg, str(e))
+            return
+        key = ev.effect_id
+        if msg.key is not None and msg.key != key.encode():
+            await self.dead_letter(msg, f"record key {msg.key!r} is not its effect_id {key!r}")
+            return
+        try:
+            before = self._load(key)
+            after, emitted = apply(before, ev)
+        except Exception as e:  # a record that cannot be applied must not stop the partition
+            await self.dead_letter(msg, f"cannot apply: {type(e).__name__}: {e}")
+            return
+        if after is before:
+            return  # a duplicate (at-least-once delivery): nothing changed
+        due = due_of(after, self.s.backoff, self.s.first_check_ms)
+        value = pack(after, due, self.codec.encode)
+        self.table[key] = value
+        self._cache[key] = (value, after)
+        if len(self._cache) > 10_000:
+            self._cache.pop(next(iter(self._cache)))
+        if due is None:
+            self.index.pop(key, None)
+        else:
+            self.index[key] = (msg.partition, due, 0)
+        kb = key.encode()
+        st = to_state(after)
+        await self.state_topic.send(key=kb, value=self.codec.encode(st), headers=[self.codec.header(st)])
+        for u in emitted:
+            await self.uncertain.send(key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)])
+
+    def _load(self, key: str) -> Effect | None:
+        value = self.table.get(key)
+        if value is None:
+            return None
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == value:
+            return cached[1]
+        return unpack(value, self.codec.decode)
+
+    async def dead_letter(self, msg: Any, reason: str) -> None:
+        log.warning("dead letter %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason)
+        dl = DeadLetter(int(time.time() * 1000), self.s.full_app_id, msg.topic, msg.partition, msg.offset,
+                        reason, msg.key, msg.value)
+        await self.dlq.send(key=msg.key, value=self.codec.encode(dl), headers=[self.codec.header(dl)])
+
+    # -- deadlines -------------------------------------------------------------------------
+
+    def _assigned(self) -> frozenset[int]:
+        return frozenset(tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name())
+
+    async def tick(self) -> None:
+        if getattr(self.app, "in_recovery", False) or self.app.rebalancing:
+            return  # the table is not complete yet: a deadline could fire on stale state
+        assigned = self._assigned()
+        if assigned != self._indexed_assignment:
+            self._rebuild_index(assigned)
+        now = int(time.time() * 1000)
+        resend_after = 5000
+        for key, (partition, due, sent) in list(self.index.items()):
+            if due + self.s.grace_ms > now or (sent and now - sent < resend_after):
+                continue
+            effect = self._load(key)
+            if effect is None:
+                self.index.pop(key, None)
+                continue
+            kb = key.encode()
+            if effect.state is State.UNCERTAIN:
+                u = uncertain_event(effect)
+                await self.uncertain.send(key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)])
+            else:
+                for t in expire(effect, now):
+                    await self.events.send(key=kb, value=self.codec.encode(t), headers=[self.codec.header(t)])
+            self.index[key] = (partition, due, now)
+
+    def _rebuild_index(self, assigned: frozenset[int]) -> None:
+        n = self.s.kafka.partitions
+        index = {}
+        for key, value in self.table.items():
+            due = unpack_due(value)
+            if due is not None:
+                p = partition_for(key.encode(), n)
+                if p in assigned:
+                    index[key] = (p, due, 0)
+        self.index = index
+        self._indexed_assignment = assigned
+        log.info("deadline index rebuilt: %d open effects on partitions %s", len(index), sorted(assigned))
+
+    # -- lookup ----------------------------------------------------------------------------
+
+    async def lookup(self, view: View, key: str) -> Response:
+        p = partition_for(key.encode(), self.s.kafka.partitions)
+        tp = TP(self.events.get_topic_name(), p)
+        hw = (await self.app.consumer.highwaters(tp)).get(tp, 0)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self.s.lookup_bound_s
+        while self.processed.get(p, -1) < hw - 1:
+            if loop.time() >= give_up:
+                return view.json({"lagging": True, "partition": p, "high_watermark": hw,
+                                  "processed": self.processed.get(p, -1)}, status=503)
+            await asyncio.sleep(0.01)
+        value = self.table.get(key)
+        if value is None:
+            return view.json({"effect_id": key, "known": False, "partition": p, "high_watermark": hw}, status=404)
+        effect = self._load(key)
+        assert effect is not None
+        st = to_state(effect)
+        return view.json({
+            "effect_id": key, "known": True, "state": st.state.value, "attempt": st.attempt,
+            "version": st.version, "receipt_id": st.receipt_id,
+            "events": [base64.b64encode(b).decode() for b in encoded_events(value)],
+        })
+
+
+def faust_credentials(k: KafkaConfig) -> Any:
+    """SASL/SSL settings of ``KafkaConfig`` as faust credentials (aiokafka transport)."""
+    proto = (k.security_protocol or "PLAINTEXT").upper()
+    if proto == "PLAINTEXT":
+        return None
+    ssl_context = None
+    if proto in ("SSL", "SASL_SSL"):
+        import ssl
+
+        ssl_context = ssl.create_default_context(cafile=k.ssl_cafile)
+    if proto.startswith("SASL"):
+        mech = (k.sasl_mechanism or "PLAIN").upper()
+        if mech.startswith("SCRAM"):
+            return faust.GSSAPICredentials if False else faust.SASLCredentials(
+                username=k.sasl_username, password=k.sasl_password, mechanism=mech, ssl_context=ssl_context)
+        return faust.SASLCredentials(username=k.sasl_username, password=k.sasl_password, ssl_context=ssl_context)
+    return faust.SSLCredentials(ssl_context)

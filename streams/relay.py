@@ -1,0 +1,198 @@
+"""The relay: pushes the SQLite outbox to ``effects.events``.
+
+Order of durable writes, per batch:
+
+1. read the oldest unsent rows (``sent = 0``, in ``seq`` order);
+2. produce them with an idempotent producer (``acks=all``, ``enable.idempotence``), keyed by
+   effect_id, partitioned like Kafka's Java client (murmur2), headers naming the schema;
+3. wait for every delivery report;
+4. only then mark the delivered rows sent.
+
+A crash between 3 and 4 sends those rows again on restart: at-least-once, and harmless, because
+every event carries its ``event_id`` and the fold ignores one it has seen. While the broker is down
+the producer retries without a deadline (``message.timeout.ms=0``) so per-key order survives an
+outage; the SDK keeps writing to the outbox meanwhile, and the relay catches up when the broker
+returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from streams.codec import HEADER
+from streams.config import KafkaConfig
+from streams.store import Store
+
+log = logging.getLogger("effect_ledger.relay")
+
+
+def producer_config(cfg: KafkaConfig, **extra: Any) -> dict[str, Any]:
+    """The producer settings every effect-ledger writer to ``effects.events`` uses."""
+    return cfg.confluent(
+        **{
+            "enable.idempotence": True,
+            "acks": "all",
+            "partitioner": "murmur2_random",  # the partition Kafka's Java client and faust compute
+            "linger.ms": 2,
+            "message.timeout.ms": 0,  # retry until the broker is back: never reorder a key's events
+            "queue.buffering.max.messages": 1_000_000,
+            **extra,
+        }
+    )
+
+
+@dataclass
+class RelayStats:
+    sent: int = 0
+    batches: int = 0
+    errors: int = 0
+
+
+class Relay:
+    """Runs as a task in the agent's event loop (``start``), or drains a file (``drain``)."""
+
+    def __init__(self, store: Store, cfg: KafkaConfig, *, batch: int = 10_000, **producer: Any) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.topic = cfg.topics.events
+        self.batch = batch
+        self.stats = RelayStats()
+        self._producer = Producer(producer_config(cfg, **producer))
+        self._wake = asyncio.Event()
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._acked_through = 0  # every event with seq <= this is on Kafka
+        self._acked = asyncio.Condition()
+        store.add_listener(lambda seq: self._wake.set())
+
+    async def _init_watermark(self) -> None:
+        rows = await self.store.query("SELECT min(seq) AS lo, (SELECT max(seq) FROM events) AS hi FROM events WHERE sent = 0")
+        lo, hi = rows[0]["lo"], rows[0]["hi"]
+        self._acked_through = (lo - 1) if lo is not None else (hi or 0)
+
+    def start(self) -> asyncio.Task[None]:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="effect-ledger-relay")
+        return self._task
+
+    async def _run(self) -> None:
+        await self._init_watermark()
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                n = await self.send_batch()
+                backoff = 0.1
+            except Exception:
+                self.stats.errors += 1
+                log.exception("relay batch failed; retrying in %.1f s", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
+                continue
+            if n == 0:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                except TimeoutError:
+                    pass
+
+    async def send_batch(self) -> int:
+        """Send one batch of unsent rows; returns how many were acknowledged and marked sent."""
+        rows = await self.store.unsent(self.batch)
+        if not rows:
+            return 0
+        delivered, failures = await asyncio.to_thread(self._produce, rows)
+        if delivered:
+            await self.store.mark_sent(delivered)
+        self.stats.sent += len(delivered)
+        self.stats.batches += 1
+        # The watermark only moves over a gapless prefix: a waiter for seq N needs all of <= N.
+        first_failed = min((seq for seq, _ in failures), default=None)
+        through = rows[-1][0] if first_failed is None else first_failed - 1
+        async with self._acked:
+            if through > self._acked_through:
+                self._acked_through = through
+                self._acked.notify_all()
+        if failures:
+            seq, err = failures[0]
+            raise RuntimeError(f"{len(failures)} events not acknowledged (first seq {seq}: {err})")
+        return len(delivered)
+
+    def _produce(self, rows: list[tuple[int, str, str, bytes]]) -> tuple[list[int], list[tuple[int, str]]]:
+        """Produce and wait for every delivery report (runs in a worker thread)."""
+        delivered: list[int] = []
+        failures: list[tuple[int, str]] = []
+
+        def report(seq: int) -> Callable[[KafkaError | None, Any], None]:
+            def cb(err: KafkaError | None, _msg: Any) -> None:
+                if err is None:
+                    delivered.append(seq)
+                else:
+                    failures.append((seq, str(err)))
+
+            return cb
+
+        p = self._producer
+        for seq, effect_id, kind, body in rows:
+            header = [(HEADER, f"effect_ledger.{kind}".encode())]
+            while True:
+                try:
+                    p.produce(self.topic, key=effect_id.encode(), value=body, headers=header, on_delivery=report(seq))
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            p.poll(0)
+        while p.flush(0.5) > 0:
+            if self._stop.is_set():
+                break
+        delivered.sort()
+        return delivered, failures
+
+    async def wait_acked(self, seq: int, timeout: float) -> bool:
+        """Wait until the event with ``seq`` (and every one before it) is on Kafka."""
+        async with self._acked:
+            try:
+                await asyncio.wait_for(self._acked.wait_for(lambda: self._acked_through >= seq), timeout)
+                return True
+            except TimeoutError:
+                return False
+
+    async def drain(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Send everything unsent, then return the count (``effects relay --db``)."""
+        await self._init_watermark()
+        total = 0
+        while True:
+            n = await self.send_batch()
+            if n == 0:
+                return total
+            total += n
+            if progress:
+                progress(total, await self.store.outbox_depth())
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop after the batch in flight; rows not acknowledged stay unsent for the next start."""
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._drain_quietly(), timeout)
+            except TimeoutError:
+                pass
+            self._stop.set()
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+        self._stop.set()
+        await asyncio.to_thread(self._producer.flush, 1.0)
+
+    async def _drain_quietly(self) -> None:
+        while await self.store.outbox_depth() > 0:
+            self._wake.set()
+            await asyncio.sleep(0.02)
