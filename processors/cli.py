@@ -106,30 +106,59 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
     console.print(table)
 
 
+def target_options(fn: Any) -> Any:
+    fn = click.option(
+        "--targets",
+        "targets_module",
+        metavar="MODULE:NAME",
+        default=None,
+        help="a list of streams.reconcile.Target objects to load",
+    )(fn)
+    fn = click.option(
+        "--honours-keys",
+        "honours_keys",
+        multiple=True,
+        metavar="TARGET",
+        help="the target deduplicates idempotency keys; repeatable",
+    )(fn)
+    fn = click.option(
+        "--reconciler",
+        "reconcilers",
+        multiple=True,
+        metavar="TARGET=URL",
+        help="an HTTP reconciler for a target, URL with {key}; repeatable",
+    )(fn)
+    return fn
+
+
+def _targets(reconcilers: tuple[str, ...], honours_keys: tuple[str, ...], module: str | None) -> dict[str, Any]:
+    from processors.targets import TargetSpecError, parse_targets
+
+    try:
+        return parse_targets(reconcilers, honours_keys, module)
+    except TargetSpecError as e:
+        _fail(str(e))
+        raise
+
+
 @main.command()
 @click.option("--db", required=True, type=click.Path(dir_okay=False), help="the ledger file")
-@click.option(
-    "--reconciler",
-    "reconcilers",
-    multiple=True,
-    metavar="TARGET=URL",
-    help="an HTTP reconciler for a target, URL with {key}; repeatable",
-)
+@target_options
 @click.option("--interval", type=float, default=0.5, show_default=True, help="seconds between ticks")
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
-def run(db: str, reconcilers: tuple[str, ...], interval: float, once: bool) -> None:
+def run(
+    db: str,
+    reconcilers: tuple[str, ...],
+    honours_keys: tuple[str, ...],
+    targets_module: str | None,
+    interval: float,
+    once: bool,
+) -> None:
     """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
-    from processors.reconcilers import HttpReconciler
     from processors.runner import Runner
     from streams.ledger import Ledger
-    from streams.reconcile import Target
 
-    targets = []
-    for spec in reconcilers:
-        name, sep, url = spec.partition("=")
-        if not sep or "{key}" not in url:
-            _fail(f"--reconciler {spec!r}: expected TARGET=URL with {{key}} in the URL")
-        targets.append(Target(name, reconciler=HttpReconciler(url, name=f"http:{name}")))
+    targets = list(_targets(reconcilers, honours_keys, targets_module).values())
 
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
@@ -144,3 +173,124 @@ def run(db: str, reconcilers: tuple[str, ...], interval: float, once: bool) -> N
         asyncio.run(go())
     except KeyboardInterrupt:
         pass
+
+
+@main.command()
+@with_kafka
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default="./effect-ledger-data",
+    show_default=True,
+    help="where the table's RocksDB files live",
+)
+@click.option("--store", default="rocksdb://", show_default=True, help="table store: rocksdb:// or memory://")
+@click.option("--web-host", default="127.0.0.1", show_default=True, help="host of the lookup view")
+@click.option("--web-port", type=int, default=6066, show_default=True, help="port of the lookup view")
+@click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
+@click.option("--loglevel", default="warning", show_default=True)
+def worker(
+    bootstrap: str | None,
+    prefix: str | None,
+    partitions: int | None,
+    data_dir: str,
+    store: str,
+    web_host: str,
+    web_port: int,
+    app_id: str,
+    loglevel: str,
+) -> None:
+    """The ledger processor: fold effects.events into the table, publish effects.state and
+    effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
+    from pathlib import Path
+
+    from processors.worker import run_worker
+    from streams.admin import BrokerUnavailable, ensure_topics, wait_ready
+
+    cfg = _kafka(bootstrap, prefix, partitions)
+    try:
+        wait_ready(cfg, timeout=30)
+        ensure_topics(cfg)
+    except (BrokerUnavailable, ValueError) as e:
+        _fail(str(e))
+    from processors.processor import ProcessorSettings
+
+    settings = ProcessorSettings(
+        kafka=cfg, app_id=app_id, data_dir=Path(data_dir), store=store, web_host=web_host, web_port=web_port
+    )
+    run_worker(settings, loglevel=loglevel)
+
+
+@main.command()
+@with_kafka
+@target_options
+@click.option(
+    "--group", default="effect-ledger-reconcilers", show_default=True, help="consumer group (after the prefix)"
+)
+def reconcile(
+    bootstrap: str | None,
+    prefix: str | None,
+    partitions: int | None,
+    reconcilers: tuple[str, ...],
+    honours_keys: tuple[str, ...],
+    targets_module: str | None,
+    group: str,
+) -> None:
+    """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
+    Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
+    import signal
+
+    from processors.reconcile_service import ReconcileService
+    from streams.admin import BrokerUnavailable, wait_ready
+
+    cfg = _kafka(bootstrap, prefix, partitions)
+    targets = _targets(reconcilers, honours_keys, targets_module)
+    try:
+        wait_ready(cfg, timeout=30)
+    except BrokerUnavailable as e:
+        _fail(str(e))
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await ReconcileService(cfg, targets, group=group).run(stop)
+
+    asyncio.run(go())
+
+
+@main.command()
+@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False), help="the ledger file (outbox)")
+@with_kafka
+def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
+    """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
+    from rich.progress import Progress
+
+    from streams.admin import BrokerUnavailable, wait_ready
+    from streams.relay import Relay
+    from streams.store import Store
+
+    cfg = _kafka(bootstrap, prefix, partitions)
+    try:
+        wait_ready(cfg, timeout=30)
+    except BrokerUnavailable as e:
+        _fail(str(e))
+
+    async def go() -> int:
+        store = await Store.open(db)
+        try:
+            pending = await store.outbox_depth()
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("relaying", total=pending)
+                sent = await Relay(store, cfg).drain(lambda n, left: progress.update(task, completed=n))
+            return sent
+        finally:
+            await store.close()
+
+    sent = asyncio.run(go())
+    click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
+
+
+if __name__ == "__main__":
+    main()

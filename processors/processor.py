@@ -183,17 +183,48 @@ class LedgerProcessor:
 
         processor = self
 
+        async def local_lookup(view: View, request: Request, key: str) -> Response:
+            return await processor.lookup(view, key)
+
+        routed = app.table_route(table=self.table, match_info="key")(local_lookup)  # type: ignore[arg-type]
+
         @app.page("/effects/{key}")
         class EffectPage(View):
-            @app.table_route(table=self.table, match_info="key")
             async def get(self, request: Request, key: str) -> Response:
-                return await processor.lookup(self, key)
+                # faust serves the web view before the worker owns partitions: until then nobody
+                # can say whether the table is complete.
+                if not processor.ready:
+                    return self.json({"lagging": True, "reason": "the processor is starting"}, status=503)
+                try:
+                    return await routed(self, request, key=key)  # type: ignore[no-any-return]
+                except Exception as e:  # a rebalance in progress: the owner is not known right now
+                    log.warning("lookup of %s not routable: %s", key, e)
+                    return self.json({"lagging": True, "reason": f"not routable now: {e}"}, status=503)
 
         @app.page("/health")
         class Health(View):
             async def get(self, request: Request) -> Response:
-                return self.json({"ok": True, "in_recovery": bool(getattr(app, "in_recovery", False)),
-                                  "processed": processor.processed, "open": len(processor.index)})
+                return self.json(
+                    {
+                        "ready": processor.ready,
+                        "in_recovery": bool(getattr(app, "in_recovery", True)),
+                        "partitions": sorted(processor._indexed_assignment or ()),
+                        "processed": processor.processed,
+                        "open": len(processor.index),
+                    }
+                )
+
+    @property
+    def ready(self) -> bool:
+        """Recovered and owning its partitions (the deadline index was built after the last
+        rebalance)."""
+        app = self.app
+        return (
+            self._indexed_assignment is not None
+            and not getattr(app, "in_recovery", True)
+            and not app.rebalancing
+            and self._indexed_assignment == self._assigned()
+        )
 
     async def handle(self, event: Any) -> None:
         msg = event.message
@@ -242,14 +273,24 @@ class LedgerProcessor:
 
     async def dead_letter(self, msg: Any, reason: str) -> None:
         log.warning("dead letter %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason)
-        dl = DeadLetter(int(time.time() * 1000), self.s.full_app_id, msg.topic, msg.partition, msg.offset,
-                        reason, msg.key, msg.value)
+        dl = DeadLetter(
+            int(time.time() * 1000),
+            self.s.full_app_id,
+            msg.topic,
+            msg.partition,
+            msg.offset,
+            reason,
+            msg.key,
+            msg.value,
+        )
         await self.dlq.send(key=msg.key, value=self.codec.encode(dl), headers=[self.codec.header(dl)])
 
     # -- deadlines -------------------------------------------------------------------------
 
     def _assigned(self) -> frozenset[int]:
-        return frozenset(tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name())
+        return frozenset(
+            tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name()
+        )
 
     async def tick(self) -> None:
         if getattr(self.app, "in_recovery", False) or self.app.rebalancing:
@@ -268,12 +309,15 @@ class LedgerProcessor:
                 continue
             kb = key.encode()
             if effect.state is State.UNCERTAIN:
+                # Ask the reconcilers again; if nobody answers, again after first_check_ms.
                 u = uncertain_event(effect)
                 await self.uncertain.send(key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)])
+                self.index[key] = (partition, now + self.s.first_check_ms, now)
             else:
+                # A timeout command; sent again after resend_after if it was not folded by then.
                 for t in expire(effect, now):
                     await self.events.send(key=kb, value=self.codec.encode(t), headers=[self.codec.header(t)])
-            self.index[key] = (partition, due, now)
+                self.index[key] = (partition, due, now)
 
     def _rebuild_index(self, assigned: frozenset[int]) -> None:
         n = self.s.kafka.partitions
@@ -298,8 +342,10 @@ class LedgerProcessor:
         give_up = loop.time() + self.s.lookup_bound_s
         while self.processed.get(p, -1) < hw - 1:
             if loop.time() >= give_up:
-                return view.json({"lagging": True, "partition": p, "high_watermark": hw,
-                                  "processed": self.processed.get(p, -1)}, status=503)
+                return view.json(
+                    {"lagging": True, "partition": p, "high_watermark": hw, "processed": self.processed.get(p, -1)},
+                    status=503,
+                )
             await asyncio.sleep(0.01)
         value = self.table.get(key)
         if value is None:
@@ -307,11 +353,17 @@ class LedgerProcessor:
         effect = self._load(key)
         assert effect is not None
         st = to_state(effect)
-        return view.json({
-            "effect_id": key, "known": True, "state": st.state.value, "attempt": st.attempt,
-            "version": st.version, "receipt_id": st.receipt_id,
-            "events": [base64.b64encode(b).decode() for b in encoded_events(value)],
-        })
+        return view.json(
+            {
+                "effect_id": key,
+                "known": True,
+                "state": st.state.value,
+                "attempt": st.attempt,
+                "version": st.version,
+                "receipt_id": st.receipt_id,
+                "events": [base64.b64encode(b).decode() for b in encoded_events(value)],
+            }
+        )
 
 
 def faust_credentials(k: KafkaConfig) -> Any:
@@ -327,7 +379,12 @@ def faust_credentials(k: KafkaConfig) -> Any:
     if proto.startswith("SASL"):
         mech = (k.sasl_mechanism or "PLAIN").upper()
         if mech.startswith("SCRAM"):
-            return faust.GSSAPICredentials if False else faust.SASLCredentials(
-                username=k.sasl_username, password=k.sasl_password, mechanism=mech, ssl_context=ssl_context)
+            return (
+                faust.GSSAPICredentials
+                if False
+                else faust.SASLCredentials(
+                    username=k.sasl_username, password=k.sasl_password, mechanism=mech, ssl_context=ssl_context
+                )
+            )
         return faust.SASLCredentials(username=k.sasl_username, password=k.sasl_password, ssl_context=ssl_context)
     return faust.SSLCredentials(ssl_context)

@@ -314,7 +314,9 @@ class Ledger:
         leased = claim.until_ms is not None and now < claim.until_ms
         if alive or (alive is None and leased):
             retry = max(0, claim.until_ms - now) if claim.until_ms else None
-            raise EffectInProgress(effect.effect_id, f"worker {claim.owner} is executing attempt {effect.attempt}", retry)
+            raise EffectInProgress(
+                effect.effect_id, f"worker {claim.owner} is executing attempt {effect.attempt}", retry
+            )
         return claim.owner
 
     async def _resolve_earlier(self, effect: Effect, spec: _Spec, call: Call) -> Effect:

@@ -73,7 +73,9 @@ class Relay:
         store.add_listener(lambda seq: self._wake.set())
 
     async def _init_watermark(self) -> None:
-        rows = await self.store.query("SELECT min(seq) AS lo, (SELECT max(seq) FROM events) AS hi FROM events WHERE sent = 0")
+        rows = await self.store.query(
+            "SELECT min(seq) AS lo, (SELECT max(seq) FROM events) AS hi FROM events WHERE sent = 0"
+        )
         lo, hi = rows[0]["lo"], rows[0]["hi"]
         self._acked_through = (lo - 1) if lo is not None else (hi or 0)
 

@@ -24,7 +24,8 @@ from processors.demo.client import GatewayClient, RefundRejected
 from processors.demo.gateway import KINDS
 from processors.reconcilers import HttpReconciler
 from streams import crashpoints
-from streams.errors import EffectInProgress, EffectUncertain
+from streams.config import KafkaConfig
+from streams.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
 from streams.ledger import Ledger
 from streams.reconcile import Target
 
@@ -44,7 +45,16 @@ def payments_target(gateway_url: str, kind: str) -> Target:
 
 async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     db = Path(args.workdir) / "effects.db"
-    async with await Ledger.open(str(db), targets=[payments_target(args.gateway, args.kind)]) as ledger:
+    kafka = KafkaConfig.from_env(bootstrap=args.kafka, prefix=args.prefix) if args.kafka else None
+    # Kafka mode: the intent must be on Kafka before the call (sync), so that a restart on another
+    # host, with an empty disk, finds it through the processor (lookup).
+    async with await Ledger.open(
+        str(db),
+        targets=[payments_target(args.gateway, args.kind)],
+        kafka=kafka,
+        sync=kafka is not None,
+        lookup=args.lookup,
+    ) as ledger:
         async with GatewayClient(args.gateway) as gw:
             loop = asyncio.get_running_loop()
             give_up = loop.time() + args.patience
@@ -71,6 +81,11 @@ async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                     if loop.time() >= give_up:
                         return EXIT_IN_PROGRESS, {"result": "in_progress", "reason": str(e)}
                     await asyncio.sleep(min(1.0, max(0.05, (e.retry_after_ms or 200) / 1000)))
+                except LedgerUnavailable as e:
+                    # Kafka or the processor cannot vouch for the key yet: hold, ask again shortly.
+                    if loop.time() >= give_up:
+                        return EXIT_IN_PROGRESS, {"result": "unavailable", "reason": str(e)}
+                    await asyncio.sleep(0.2)
                 except EffectUncertain as e:
                     return EXIT_UNCERTAIN, {
                         "result": "uncertain",
@@ -110,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-id", default="run-1")
     p.add_argument("--timeout", type=float, default=2.0)
     p.add_argument("--patience", type=float, default=30.0)
+    p.add_argument("--kafka", default=None, help="Kafka mode: bootstrap servers")
+    p.add_argument("--prefix", default=None, help="Kafka mode: topic prefix")
+    p.add_argument("--lookup", default=None, help="Kafka mode: the ledger processor's URL")
     args = p.parse_args(argv)
     code, out = asyncio.run(run_ledger(args) if args.mode == "ledger" else run_naive(args))
     print(json.dumps(out), flush=True)

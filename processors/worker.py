@@ -1,0 +1,15 @@
+"""Running the ledger processor as a faust worker process."""
+
+from __future__ import annotations
+
+import faust
+
+from processors.processor import LedgerProcessor, ProcessorSettings
+
+
+def run_worker(settings: ProcessorSettings, loglevel: str = "warning") -> None:
+    """Run until SIGTERM/SIGINT (faust installs the handlers and stops cleanly)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    processor = LedgerProcessor(settings)
+    worker = faust.Worker(processor.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
