@@ -52,8 +52,14 @@ def main(verbose: bool) -> None:
 
 @main.command()
 @click.option("--timeout", type=float, default=2.0, show_default=True, help="the agent's call deadline, seconds")
-def demo(timeout: float) -> None:
-    """The refund story: a crash after the call, no double refund (no broker needed)."""
+@click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
+@click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="with --kafka [127.0.0.1:9092]")
+def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
+    """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
+    if kafka:
+        from processors.demo.story_kafka import run_kafka_demo
+
+        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout))
     from processors.demo.story import run_demo
 
     sys.exit(run_demo(console, timeout=timeout))
@@ -187,6 +193,7 @@ def run(
 @click.option("--store", default="rocksdb://", show_default=True, help="table store: rocksdb:// or memory://")
 @click.option("--web-host", default="127.0.0.1", show_default=True, help="host of the lookup view")
 @click.option("--web-port", type=int, default=6066, show_default=True, help="port of the lookup view")
+@click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
 def worker(
@@ -197,6 +204,7 @@ def worker(
     store: str,
     web_host: str,
     web_port: int,
+    advertised_url: str | None,
     app_id: str,
     loglevel: str,
 ) -> None:
@@ -216,7 +224,13 @@ def worker(
     from processors.processor import ProcessorSettings
 
     settings = ProcessorSettings(
-        kafka=cfg, app_id=app_id, data_dir=Path(data_dir), store=store, web_host=web_host, web_port=web_port
+        kafka=cfg,
+        app_id=app_id,
+        data_dir=Path(data_dir),
+        store=store,
+        web_host=web_host,
+        web_port=web_port,
+        advertised_url=advertised_url,
     )
     run_worker(settings, loglevel=loglevel)
 

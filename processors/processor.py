@@ -111,6 +111,7 @@ class ProcessorSettings:
     store: str = "rocksdb://"
     web_host: str = "127.0.0.1"
     web_port: int = 6066
+    advertised_url: str | None = None  # how other workers reach this one's view (default: host:port)
     timer_interval_s: float = 0.25
     grace_ms: int = 1000
     lookup_bound_s: float = 5.0
@@ -142,13 +143,18 @@ class LedgerProcessor:
             consumer_auto_offset_reset="earliest",
             web_host=settings.web_host,
             web_port=settings.web_port,
-            canonical_url=f"http://{settings.web_host}:{settings.web_port}",
+            canonical_url=settings.advertised_url or f"http://{settings.web_host}:{settings.web_port}",
             web_in_thread=False,
             table_standby_replicas=0,
             stream_wait_empty=False,
             producer_acks=-1,
         )
-        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+        raw: dict[str, Any] = {
+            "key_type": bytes,
+            "value_type": bytes,
+            "key_serializer": "raw",
+            "value_serializer": "raw",
+        }
         self.events = self.app.topic(topics.events, partitions=k.partitions, **raw)
         self.state_topic = self.app.topic(topics.state, partitions=k.partitions, **raw)
         self.uncertain = self.app.topic(topics.uncertain, partitions=k.partitions, **raw)
@@ -196,7 +202,7 @@ class LedgerProcessor:
                 if not processor.ready:
                     return self.json({"lagging": True, "reason": "the processor is starting"}, status=503)
                 try:
-                    return await routed(self, request, key=key)  # type: ignore[no-any-return]
+                    return await routed(self, request, key=key)  # type: ignore[call-arg, no-any-return]
                 except Exception as e:  # a rebalance in progress: the owner is not known right now
                     log.warning("lookup of %s not routable: %s", key, e)
                     return self.json({"lagging": True, "reason": f"not routable now: {e}"}, status=503)

@@ -105,8 +105,8 @@ class ReconcileService:
             raise RuntimeError(f"resolutions not acknowledged ({remaining} pending, errors: {failures[:3]})")
         offsets: dict[tuple[str, int], int] = {}
         for m in msgs:
-            k = (m.topic(), m.partition())
-            offsets[k] = max(offsets.get(k, -1), m.offset() + 1)
+            k = (str(m.topic()), int(m.partition() or 0))
+            offsets[k] = max(offsets.get(k, -1), int(m.offset() or 0) + 1)
         await asyncio.to_thread(
             self._consumer.commit,
             offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
@@ -122,7 +122,16 @@ class ReconcileService:
                 raise DecodeError(f"{type(u).__name__} on the uncertain topic")
         except DecodeError as e:
             self.stats.dead_letters += 1
-            dl = DeadLetter(_now(), "reconcilers", m.topic(), m.partition(), m.offset(), str(e), m.key(), m.value())
+            dl = DeadLetter(
+                _now(),
+                "reconcilers",
+                str(m.topic()),
+                int(m.partition() or 0),
+                int(m.offset() or 0),
+                str(e),
+                m.key(),
+                m.value(),
+            )
             return self.cfg.topics.dlq, dl
         target = self.targets.get(u.target) or Target(u.target or "unknown")
         v = view_of_uncertain(u)

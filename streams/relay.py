@@ -142,7 +142,7 @@ class Relay:
 
         p = self._producer
         for seq, effect_id, kind, body in rows:
-            header = [(HEADER, f"effect_ledger.{kind}".encode())]
+            header: list[tuple[str, str | bytes | None]] = [(HEADER, f"effect_ledger.{kind}".encode())]
             while True:
                 try:
                     p.produce(self.topic, key=effect_id.encode(), value=body, headers=header, on_delivery=report(seq))

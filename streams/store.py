@@ -104,6 +104,9 @@ WHERE effects.version = :expected
 """
 
 
+_INSERT_EVENT = "INSERT OR IGNORE INTO events (event_id, effect_id, kind, at_ms, body, sent) VALUES (?, ?, ?, ?, ?, ?)"
+
+
 class ClaimOp(StrEnum):
     KEEP = "keep"  # leave the claim as it is
     TAKE = "take"  # claim the key for this worker (with the intent)
@@ -298,10 +301,7 @@ class Store:
                 return None
             seq = 0
             for values in encoded:
-                cur = conn.execute(
-                    "INSERT OR IGNORE INTO events (event_id, effect_id, kind, at_ms, body, sent) VALUES (?, ?, ?, ?, ?, ?)",
-                    (*values, sent),
-                )
+                cur = conn.execute(_INSERT_EVENT, (*values, sent))
                 if cur.rowcount == 1:
                     seq = cur.lastrowid or seq
             conn.execute("COMMIT")

@@ -34,7 +34,9 @@ from streams.model import Event, Executed, Intent, Receipt, Resolution, State, T
 SETTLED = (State.CONFIRMED, State.ESCALATED, State.ABSENT, State.FAILED)
 
 
-def _agent(mode: str, workdir: Path, url: str, crash: str | None, timeout: float) -> tuple[int, dict[str, Any]]:
+def _agent(
+    mode: str, workdir: Path, url: str, crash: str | None, timeout: float, extra: list[str] | None = None
+) -> tuple[int, dict[str, Any]]:
     env = dict(os.environ)
     env.pop(crashpoints.ENV, None)
     if crash:
@@ -51,6 +53,7 @@ def _agent(mode: str, workdir: Path, url: str, crash: str | None, timeout: float
         url,
         "--timeout",
         str(timeout),
+        *(extra or []),
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     out = proc.stdout.strip().splitlines()

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +29,12 @@ from processors.demo.agent import payments_target
 from processors.demo.gateway import KINDS, Gateway
 from processors.runner import Runner
 from streams import crashpoints
+from streams.codec import default_codec
+from streams.effect import fold
+from streams.errors import LedgerUnavailable
+from streams.keys import effect_key
 from streams.ledger import Ledger
+from streams.lookup import ProcessorLookup
 from streams.model import State
 
 CALL_TIMEOUT = 1.0  # the agent's call deadline: short, so after_intent cells wait little
@@ -57,28 +65,36 @@ class Cell:
         return sum(r.lost for r in runs)
 
 
-def _agent(mode: str, workdir: Path, url: str, kind: str, crash: str | None) -> tuple[int, dict[str, object]]:
+@dataclass(frozen=True)
+class KafkaMode:
+    """Run the ledger agents in Kafka mode: the restart happens on "another host" (an empty
+    workdir) and learns what happened through the ledger processor at ``lookup``."""
+
+    bootstrap: str
+    prefix: str
+    lookup: str
+
+    def args(self) -> list[str]:
+        return ["--kafka", self.bootstrap, "--prefix", self.prefix, "--lookup", self.lookup]
+
+
+def _agent(
+    mode: str,
+    workdir: Path,
+    url: str,
+    kind: str,
+    crash: str | None,
+    run_id: str = "run-1",
+    kafka: KafkaMode | None = None,
+) -> tuple[int, dict[str, object]]:
     env = dict(os.environ)
     env.pop(crashpoints.ENV, None)
     if crash:
         env[crashpoints.ENV] = crash
-    cmd = [
-        sys.executable,
-        "-m",
-        "processors.demo.agent",
-        "--mode",
-        mode,
-        "--workdir",
-        str(workdir),
-        "--gateway",
-        url,
-        "--kind",
-        kind,
-        "--timeout",
-        str(CALL_TIMEOUT),
-        "--patience",
-        "30",
-    ]
+    cmd = [sys.executable, "-m", "processors.demo.agent", "--mode", mode, "--workdir", str(workdir)]
+    cmd += ["--gateway", url, "--kind", kind, "--timeout", str(CALL_TIMEOUT), "--patience", "30", "--run-id", run_id]
+    if kafka is not None and mode == "ledger":
+        cmd += kafka.args()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     lines = p.stdout.strip().splitlines()
     if p.returncode not in (0, 3, 4, 5, -signal.SIGKILL):
@@ -108,7 +124,31 @@ async def _final_state(db: Path, url: str, kind: str) -> tuple[str | None, str]:
         return effect.state.value, evidence
 
 
-def run_cell(point: str, kind: str, runs: int) -> Cell:
+async def _final_state_kafka(kafka: KafkaMode, key: str) -> tuple[str | None, str]:
+    """The effect as the ledger processor's table has it, once it is no longer open."""
+    lookup = ProcessorLookup(kafka.lookup)
+    codec = default_codec()
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 30
+    effect = None
+    try:
+        while loop.time() < end:
+            try:
+                effect = fold([codec.decode(b) for b in await lookup.events(key)])
+            except LedgerUnavailable:
+                effect = None
+            if effect is not None and effect.state not in (State.PENDING, State.EXECUTED, State.UNCERTAIN):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await lookup.close()
+    if effect is None:
+        return None, ""
+    evidence = "; ".join(f"{r.reconciler}:{r.verdict.value}:{r.reason}" for r in effect.resolutions)
+    return effect.state.value, evidence
+
+
+def run_cell(point: str, kind: str, runs: int, kafka: KafkaMode | None = None) -> Cell:
     cell = Cell(point, kind)
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="el-crash-") as tmp, Gateway(kind) as gw:
@@ -121,9 +161,17 @@ def run_cell(point: str, kind: str, runs: int) -> Cell:
             gw.state.reset()
             led = Path(tmp, "ledger")
             led.mkdir()
-            code, _ = _agent("ledger", led, gw.url, kind, point)
-            _agent("ledger", led, gw.url, kind, None)
-            state, evidence = asyncio.run(_final_state(led / "effects.db", gw.url, kind))
+            run_id = f"run-{uuid.uuid4().hex[:12]}"
+            code, _ = _agent("ledger", led, gw.url, kind, point, run_id, kafka)
+            if kafka is None:
+                _agent("ledger", led, gw.url, kind, None, run_id)
+                state, evidence = asyncio.run(_final_state(led / "effects.db", gw.url, kind))
+            else:
+                other_host = Path(tmp, "ledger-restarted")
+                other_host.mkdir()
+                _agent("ledger", other_host, gw.url, kind, None, run_id, kafka)
+                key = effect_key("payments", "refund.create", run_id, "refund-order-123")
+                state, evidence = asyncio.run(_final_state_kafka(kafka, key))
             made = len(gw.refunds())
             lost = (
                 state not in (State.CONFIRMED, State.FAILED, State.ESCALATED)
@@ -135,10 +183,29 @@ def run_cell(point: str, kind: str, runs: int) -> Cell:
     return cell
 
 
-def run_matrix(runs: int, workers: int = 4) -> list[Cell]:
+def run_matrix(runs: int, workers: int = 4, kafka: KafkaMode | None = None) -> list[Cell]:
     jobs = [(p, k) for p in crashpoints.POINTS for k in KINDS]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda job: run_cell(job[0], job[1], runs), jobs))
+        return list(pool.map(lambda job: run_cell(job[0], job[1], runs, kafka), jobs))
+
+
+@contextlib.contextmanager
+def kafka_setup() -> Iterator[KafkaMode]:
+    """Fresh topics and a ledger processor for one matrix run."""
+    from streams.admin import delete_topics, ensure_topics
+    from streams.config import KafkaConfig
+    from tests.services import Processor
+
+    cfg = KafkaConfig.from_env(prefix=f"crash{uuid.uuid4().hex[:8]}.", partitions=3)
+    ensure_topics(cfg)
+    with tempfile.TemporaryDirectory(prefix="el-crash-proc-") as tmp:
+        proc = Processor(cfg, Path(tmp, "data")).start()
+        try:
+            proc.wait_ready()
+            yield KafkaMode(cfg.bootstrap, cfg.prefix, proc.url)
+        finally:
+            proc.stop()
+            delete_topics(cfg, list(cfg.topics.all()))
 
 
 def table(cells: list[Cell]) -> str:
@@ -156,8 +223,13 @@ def table(cells: list[Cell]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(prog="python -m tests.crash.matrix")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--kafka", action="store_true", help="through a real broker (KAFKA_BOOTSTRAP) and processor")
     args = p.parse_args()
-    cells = run_matrix(args.runs)
+    if not args.kafka:
+        cells = run_matrix(args.runs)
+    else:
+        with kafka_setup() as kafka:
+            cells = run_matrix(args.runs, kafka=kafka)
     print(table(cells))
     bad = sum(Cell.duplicates(c.ledger) + Cell.lost(c.ledger) for c in cells)
     return 1 if bad else 0

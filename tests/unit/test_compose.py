@@ -120,3 +120,19 @@ def test_version_pattern_catches_versions() -> None:
     assert _version_literals("<version>4.0.0</version>") == ["4.0.0"]
     pom = '<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>'
     assert _version_literals(f"{pom} kafka_2.13 log4j 2.24.3 kafka-$KAFKA_VERSION") == []
+
+
+def test_services_reach_the_broker_on_a_listener_it_advertises() -> None:
+    """The processor and reconciler services talk to the broker on the compose network; that
+    address must be one the broker advertises, and their partition count the Python default."""
+    from streams.config import KafkaConfig
+
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    advertised = compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    for name in ("processor", "reconciler"):
+        env = compose["services"][name]["environment"]
+        assert env["KAFKA_BOOTSTRAP"].split(":")[0] in advertised, name
+        assert int(env["EFFECTS_PARTITIONS"]) == KafkaConfig().partitions, name
+        assert compose["services"][name]["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert compose["services"]["processor"]["command"][0] == "worker"
+    assert compose["services"]["reconciler"]["command"][0] == "reconcile"

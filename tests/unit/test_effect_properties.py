@@ -219,4 +219,6 @@ def test_state_is_a_state_and_uncertainty_is_always_emitted(events: list[Event],
     assert type(eff.state) is State
     assert eff.state in set(State)
     if eff.state is State.UNCERTAIN and eff.intent is not None:
-        assert any(u.attempt == eff.attempt and u.event_id == f"uncertain:{eff.attempt}:{u.tries}:{KEY}" for u in emitted)
+        assert any(
+            u.attempt == eff.attempt and u.event_id == f"uncertain:{eff.attempt}:{u.tries}:{KEY}" for u in emitted
+        )
