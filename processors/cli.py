@@ -306,5 +306,13 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
 
 
+def _register_ops() -> None:
+    from processors.cli_ops import register
+
+    register(main)
+
+
+_register_ops()
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,1 @@
+"""Operator and auditor tools: replay audit, trace, stuck, tail, escalations, the SQL sink."""

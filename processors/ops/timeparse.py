@@ -1,0 +1,46 @@
+"""Times and durations on the command line: ``2026-11-29T10:00:00Z``, ``2026-11-29 10:00``,
+``now``, ``-1h`` (relative to now), epoch milliseconds; durations ``90s``, ``10m``, ``2h``, ``1d``."""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import UTC, datetime
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
+
+
+class TimeSpecError(ValueError):
+    pass
+
+
+def duration_ms(text: str) -> int:
+    m = _DURATION.match(text)
+    if not m:
+        raise TimeSpecError(f"not a duration: {text!r} (examples: 90s, 10m, 2h, 1d)")
+    return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+
+
+def time_ms(text: str, now_ms: int | None = None) -> int:
+    now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+    t = text.strip()
+    if t == "now":
+        return now
+    if t.startswith("-"):
+        return now - duration_ms(t[1:])
+    if t.isdigit() and len(t) >= 12:
+        return int(t)
+    try:
+        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+    except ValueError:
+        raise TimeSpecError(f"not a time: {text!r} (examples: 2026-11-29T10:00:00Z, now, -1h, epoch ms)") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    return int(dt.timestamp() * 1000)
+
+
+def iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")[:-4] + "Z"

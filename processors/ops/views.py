@@ -1,0 +1,224 @@
+"""Read models for operators: stuck effects, escalations, one effect's timeline, decisions."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
+from streams.codec import default_codec
+from streams.config import KafkaConfig
+from streams.effect import Effect, apply, fold
+from streams.model import (
+    Decision,
+    DecisionKind,
+    EffectState,
+    Event,
+    Executed,
+    Intent,
+    Receipt,
+    Resolution,
+    State,
+    Timeout,
+)
+from streams.relay import producer_config
+
+INTERMEDIATE = (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _db(path: str | Path) -> sqlite3.Connection:
+    p = Path(path)
+    if not p.exists():
+        raise SourceError(f"no ledger file at {p}")
+    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+@dataclass(frozen=True)
+class Row:
+    effect_id: str
+    state: str
+    target: str
+    operation: str
+    attempt: int
+    created_ms: int
+    updated_ms: int
+    reason: str | None
+
+
+def _row_of_state(s: EffectState) -> Row:
+    return Row(s.effect_id, s.state.value, s.target, s.operation, s.attempt, s.created_ms, s.updated_ms, s.reason)
+
+
+def stuck(
+    older_than_ms: int, *, db: str | None = None, cfg: KafkaConfig | None = None, now: int | None = None
+) -> list[Row]:
+    """Effects in an intermediate state (PENDING, EXECUTED, UNCERTAIN, ESCALATED) that began
+    more than ``older_than_ms`` ago, oldest first."""
+    cutoff = (now or now_ms()) - older_than_ms
+    states = tuple(s.value for s in INTERMEDIATE)
+    if db is not None:
+        with _db(db) as conn:
+            rows = conn.execute(
+                f"SELECT * FROM effects WHERE state IN ({','.join('?' * len(states))}) AND created_ms < ? "
+                "ORDER BY created_ms",
+                (*states, cutoff),
+            ).fetchall()
+        return [
+            Row(
+                r["effect_id"],
+                r["state"],
+                r["target"],
+                r["operation"],
+                r["attempt"],
+                r["created_ms"],
+                r["updated_ms"],
+                r["reason"],
+            )
+            for r in rows
+        ]
+    assert cfg is not None
+    found = [s for s in latest_states(cfg).values() if s.state in INTERMEDIATE and s.created_ms < cutoff]
+    return [_row_of_state(s) for s in sorted(found, key=lambda s: s.created_ms)]
+
+
+@dataclass
+class Escalation:
+    row: Row
+    attempts: int
+    answers: list[str] = field(default_factory=list)  # "reconciler: VERDICT (reason)"
+
+
+def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> list[Escalation]:
+    """ESCALATED effects with their evidence: attempts and every reconciler answer."""
+    if db is not None:
+        with _db(db) as conn:
+            rows = conn.execute("SELECT * FROM effects WHERE state = 'ESCALATED' ORDER BY created_ms").fetchall()
+        base = {
+            r["effect_id"]: Row(
+                r["effect_id"],
+                r["state"],
+                r["target"],
+                r["operation"],
+                r["attempt"],
+                r["created_ms"],
+                r["updated_ms"],
+                r["reason"],
+            )
+            for r in rows
+        }
+        records: Iterable[Event] = (r.event for r in db_events(db) if r.event and r.event.effect_id in base)
+    else:
+        assert cfg is not None
+        base = {k: _row_of_state(s) for k, s in latest_states(cfg).items() if s.state is State.ESCALATED}
+        records = (r.event for r in replay_events(cfg, None) if r.event and r.event.effect_id in base) if base else ()
+    out = {k: Escalation(row, row.attempt) for k, row in base.items()}
+    for e in records:
+        if isinstance(e, Resolution):
+            out[e.effect_id].answers.append(f"{e.reconciler}: {e.verdict.value} ({e.reason})")
+    return list(out.values())
+
+
+def history(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None) -> list[Event]:
+    if db is not None:
+        events = [r.event for r in db_events(db) if r.event is not None and r.event.effect_id == key]
+    else:
+        assert cfg is not None
+        events = list(key_events(cfg, key))
+    return events
+
+
+def describe(e: Event) -> tuple[str, str]:
+    """(what happened, who said so) for one event."""
+    if isinstance(e, Intent):
+        return (
+            f"intent attempt {e.attempt} {e.operation} (deadline +{(e.deadline_ms - e.at_ms) / 1000:g} s"
+            f"{'' if e.keyed else ', key NOT sent'})"
+        ), e.worker
+    if isinstance(e, Executed):
+        took = e.call_ended_ms - e.call_started_ms
+        return f"executed {e.outcome.value} (call {took} ms){': ' + e.error if e.error else ''}", e.worker
+    if isinstance(e, Receipt):
+        return f"receipt {e.receipt_id}", e.source.value.lower()
+    if isinstance(e, Timeout):
+        return f"{e.phase.value.lower()} deadline passed", "processor"
+    if isinstance(e, Resolution):
+        return (
+            f"{e.verdict.value}{' ' + e.receipt_id if e.receipt_id else ''}: {e.reason} (try {e.tries})",
+            e.reconciler,
+        )
+    if isinstance(e, Decision):
+        return f"decision {e.decision.value}: {e.reason}", f"person:{e.by}"
+    return type(e).__name__, "-"
+
+
+@dataclass
+class TraceLine:
+    at_ms: int
+    event: str
+    source: str
+    state_after: str
+
+
+@dataclass
+class Trace:
+    key: str
+    lines: list[TraceLine]
+    effect: Effect | None
+    sent_unrecorded_ms: list[int]  # per execution: call end -> durable record
+    intermediate_ms: int | None  # first intent -> settled (or now)
+
+
+def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None) -> Trace:
+    events = sorted(history(key, db=db, cfg=cfg), key=lambda e: (e.at_ms, e.event_id))
+    lines: list[TraceLine] = []
+    effect: Effect | None = None
+    settled_at: int | None = None
+    for e in events:
+        before = effect
+        effect, _ = apply(effect, e)
+        if effect is before:
+            continue  # a duplicate delivery
+        what, who = describe(e)
+        lines.append(TraceLine(e.at_ms, what, who, effect.state.value))
+        if settled_at is None and effect.state not in INTERMEDIATE:
+            settled_at = e.at_ms
+    windows = [max(0, e.at_ms - e.call_ended_ms) for e in (effect.facts if effect else ()) if isinstance(e, Executed)]
+    first = effect.first_intent.at_ms if effect and effect.first_intent else None
+    inter = None if first is None else ((settled_at or now_ms()) - first)
+    return Trace(key, lines, effect, windows, inter)
+
+
+def decide(
+    key: str, decision: DecisionKind, by: str, reason: str, receipt_id: str | None, *, cfg: KafkaConfig
+) -> Decision:
+    """Kafka mode: write a person's decision to ``effects.events`` (embedded mode uses
+    ``Ledger.decide``). Refuses a key nobody has written."""
+    effect = fold(list(key_events(cfg, key)))
+    if effect is None:
+        raise SourceError(f"no effect with key {key!r} on {cfg.topics.events}")
+    d = Decision(uuid.uuid4().hex, key, now_ms(), effect.attempt, decision, by, reason, receipt_id)
+    codec = default_codec()
+    p = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
+    errors: list[str] = []
+    p.produce(
+        cfg.topics.events,
+        key=key.encode(),
+        value=codec.encode(d),
+        headers=[codec.header(d)],
+        on_delivery=lambda err, _m: errors.append(str(err)) if err else None,
+    )
+    if p.flush(30) or errors:
+        raise SourceError(f"the decision was not acknowledged by Kafka: {errors or 'timeout'}")
+    return d
