@@ -409,7 +409,7 @@ def resolve(
         fail("say what happened: --confirmed --receipt ID, --absent, --abandon or --compensated")
     if verdict == "CONFIRMED" and not receipt:
         fail("--confirmed needs --receipt ID (the destination's id for the effect)")
-    kind = DecisionKind(verdict)
+    kind = DecisionKind(str(verdict))
     with user_errors():
         if db is not None:
             from pathlib import Path

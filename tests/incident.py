@@ -14,6 +14,7 @@ on ``tickets``), all begun 30 to 20 minutes before ``now_ms``:
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 
@@ -78,7 +79,7 @@ def incident(now_ms: int, seed: int = 7) -> Incident:
             ta = t + (a - 1) * 5000
             deadline = ta + 10_000
             events.append(Intent(f"i{a}-{i}", key, ta, a, target, "create", "default", "incident-run", f"step-{i}",
-                                 '{"n":%d}' % i, f"d{i}", deadline, "worker-1", keyed))
+                                 json.dumps({"n": i}), f"d{i}", deadline, "worker-1", keyed))
             if kind == "stuck":
                 continue
             if kind == "uncertain":

@@ -98,7 +98,7 @@ def replay_topic(
         ranges = _ranges(c, topic, parts, from_ms)
         if not ranges:
             return
-        ends = {tp.partition: int(tp.metadata) for tp in ranges}
+        ends = {tp.partition: int(tp.metadata or 0) for tp in ranges}
         total = sum(ends[tp.partition] - tp.offset for tp in ranges)
         done = 0
         c.assign(ranges)
@@ -108,7 +108,7 @@ def replay_topic(
             for m in msgs:
                 if m.error():
                     raise SourceError(f"reading {topic}: {m.error()}")
-                p, off = m.partition(), m.offset()
+                p, off = int(m.partition() or 0), int(m.offset() or 0)
                 if p not in remaining:
                     continue
                 if off >= ends[p]:
