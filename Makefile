@@ -8,10 +8,11 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo test test-unit test-integration test-crash bench lint kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv demo demo-kafka test test-unit test-integration test-crash bench lint kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
+	@echo "make demo-kafka         the same story through Kafka, the ledger processor and the reconcilers"
 	@echo "make test               every test tier; starts and stops its own Kafka broker"
 	@echo "make test-unit          unit tests only (no services)"
 	@echo "make test-integration   integration tests (real Kafka)"
@@ -32,6 +33,9 @@ venv: $(VENV)/.installed
 
 demo: venv
 	@$(VENV)/bin/effects demo
+
+demo-kafka: venv
+	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
 
 test: venv
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)

@@ -18,7 +18,8 @@ from typing import Any, cast, get_type_hints
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
-from fastavro.validation import ValidationError, validate
+from fastavro.validation import ValidationError
+from fastavro.validation import validate as _validate
 
 import schemas
 from streams import model
@@ -125,15 +126,17 @@ class Codec:
     def schema_name(self, obj_or_cls: Any) -> str:
         return self._writer(obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)).full_name
 
-    def encode(self, obj: Any) -> bytes:
+    def encode(self, obj: Any, *, validate: bool = True) -> bytes:
+        """``validate``: check every value against the schema first (fastavro's writer does not:
+        1.5 into a long, None into a boolean). Only callers that built ``obj`` from typed values
+        themselves (the SDK's own events, on its hot path) turn it off."""
         w = self._writer(type(obj))
         record = {n: getattr(obj, n) for n in w.fields}
-        # fastavro writes without checking (1.5 into a long, None into a boolean): validate first,
-        # so a wrong value is an error here and not garbage on the topic.
-        try:
-            validate(record, w.parsed, raise_errors=True)
-        except ValidationError as e:
-            raise EncodeError(f"cannot encode {w.name}: {e}") from e
+        if validate:
+            try:
+                _validate(record, w.parsed, raise_errors=True)
+            except ValidationError as e:
+                raise EncodeError(f"cannot encode {w.name}: {e}") from e
         buf = io.BytesIO()
         buf.write(w.prefix)
         try:

@@ -6,7 +6,9 @@ itself when it reaches that point: no cleanup, no flush, exactly like a reclaime
 * ``before_intent``  — nothing recorded, nothing sent
 * ``after_intent``   — intent durable, destination not called
 * ``after_call``     — the destination committed; nothing about it recorded
-* ``after_executed`` — the outcome is durable, the receipt is not
+* ``after_executed`` — the outcome is durable (with the receipt the call returned, in the same
+  write), but the caller never received it; in Kafka mode the outcome may not have reached the
+  broker yet, so another host sees only the intent
 """
 
 from __future__ import annotations

@@ -239,6 +239,13 @@ class Ledger:
         self._inflight.add(key)
         try:
             spec = _Spec(target, operation, ns, run_id or "", step or "", canonical, digest(canonical), float(t_s))
+            if self._lookup is None:
+                # The common case is a key nobody has used: claim it with the intent straight away
+                # (the write's version check fails if the key exists), which saves a read.
+                try:
+                    return await self._run_attempt(key, None, spec, call, None)
+                except VersionConflict:
+                    pass  # it exists: look at what is known and decide
             for _ in range(_CONFLICT_RETRIES):
                 try:
                     return await self._execute_once(key, spec, call)
@@ -440,19 +447,24 @@ class Ledger:
                 raise EffectUncertain(key, f"call outcome unknown ({what})", State.UNCERTAIN.value) from e
             raise
         crashpoints.reached(crashpoints.AFTER_CALL)
-        effect = await self._outcome(effect, attempt, Outcome.OK, None, started)
-        crashpoints.reached(crashpoints.AFTER_EXECUTED)
+        # The outcome and the receipt the call returned are one write: there is no moment at which
+        # the ledger knows the call succeeded but has lost what it returned.
         now = self._clock()
         receipt = Receipt(
             uuid.uuid4().hex, key, now, attempt, self._receipt_id(target, value), ReceiptSource.CALL, _json_text(value)
         )
-        effect = await self._record(effect, [receipt])
+        effect = await self._outcome(effect, attempt, Outcome.OK, None, started, receipt)
+        crashpoints.reached(crashpoints.AFTER_EXECUTED)
         return _confirmation(effect, called=True)
 
-    async def _outcome(self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int) -> Effect:
+    async def _outcome(
+        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
+        receipt: Receipt | None = None,
+    ) -> Effect:
         now = self._clock()
         ev = Executed(uuid.uuid4().hex, effect.effect_id, now, attempt, outcome, error, started, now, None, self.worker)
-        return await self._record(effect, [ev], claim_op=ClaimOp.RELEASE)
+        events: list[Event] = [ev] if receipt is None else [ev, receipt]
+        return await self._record(effect, events, claim_op=ClaimOp.RELEASE)
 
     async def _record(self, before: Effect | None, events: list[Event], claim_op: ClaimOp = ClaimOp.KEEP) -> Effect:
         """Write events that must land whatever else happened to the effect meanwhile (a runner's

@@ -434,3 +434,10 @@ def reader(cfg: KafkaConfig, topic: str, *, from_beginning: bool = True) -> Iter
         yield c
     finally:
         c.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (from /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
