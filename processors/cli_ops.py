@@ -137,27 +137,18 @@ def audit(
         click.echo(report.to_csv(), nl=False)
     else:
         t = Table(title=f"audit {iso(start)} .. {iso(end)}: {report.events:,} events", title_justify="left")
-        for col, just in (
-            ("check", "left"),
-            ("numerator", "right"),
-            ("denominator", "right"),
-            ("ratio", "right"),
-            ("criterion", "left"),
-            ("result", "left"),
-            ("detail", "left"),
-        ):
-            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        t.add_column("check", no_wrap=True)
+        for col in ("numerator", "denominator", "ratio"):
+            t.add_column(col, justify="right")
+        t.add_column("criterion")
+        t.add_column("result", no_wrap=True)
         for c in report.checks:
-            t.add_row(
-                c.name,
-                f"{c.numerator:,}",
-                f"{c.denominator:,}",
-                c.ratio,
-                c.criterion,
-                "[green]pass[/]" if c.passed else "[red]FAIL[/]",
-                c.detail,
-            )
+            result = "[green]pass[/]" if c.passed else "[red]FAIL[/]"
+            t.add_row(c.name, f"{c.numerator:,}", f"{c.denominator:,}", c.ratio, c.criterion, result)
         out.print(t)
+        for c in report.checks:
+            if c.detail:
+                out.print(f"{c.name}: {c.detail}")
         tt = Table(title="per target", title_justify="left")
         for col in ("target", "effects", "keyed", "uncertain", "resolved", "duplicates", "stuck", "window p99 ms"):
             tt.add_column(col, justify="left" if col == "target" else "right", no_wrap=col == "target")
