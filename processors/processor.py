@@ -53,13 +53,12 @@ _LEN = struct.Struct(">I")
 _FORMAT = 1
 
 
-def pack(effect: Effect, due_ms: int | None, encode: Any) -> bytes:
-    parts = [_HEADER.pack(_FORMAT, -1 if due_ms is None else due_ms)]
-    for f in effect.facts:
-        body = encode(f)
-        parts.append(_LEN.pack(len(body)))
-        parts.append(body)
-    return b"".join(parts)
+def append_packed(previous: bytes | None, encoded_event: bytes, due_ms: int | None) -> bytes:
+    """The table value after one more event: the previous events' bytes untouched (the fold does
+    not depend on their order), the new event's bytes as they came from the topic, a new header."""
+    header = _HEADER.pack(_FORMAT, -1 if due_ms is None else due_ms)
+    body = previous[_HEADER.size :] if previous is not None else b""
+    return b"".join((header, body, _LEN.pack(len(encoded_event)), encoded_event))
 
 
 def unpack_due(value: bytes) -> int | None:
@@ -245,7 +244,8 @@ class LedgerProcessor:
             await self.dead_letter(msg, f"record key {msg.key!r} is not its effect_id {key!r}")
             return
         try:
-            before = self._load(key)
+            previous = self.table.get(key)
+            before = self._load(key, previous)
             after, emitted = apply(before, ev)
         except Exception as e:  # a record that cannot be applied must not stop the partition
             await self.dead_letter(msg, f"cannot apply: {type(e).__name__}: {e}")
@@ -253,7 +253,7 @@ class LedgerProcessor:
         if after is before:
             return  # a duplicate (at-least-once delivery): nothing changed
         due = due_of(after, self.s.backoff, self.s.first_check_ms)
-        value = pack(after, due, self.codec.encode)
+        value = append_packed(previous, bytes(event.value), due)
         self.table[key] = value
         self._cache[key] = (value, after)
         if len(self._cache) > 10_000:
@@ -264,12 +264,15 @@ class LedgerProcessor:
             self.index[key] = (msg.partition, due, 0)
         kb = key.encode()
         st = to_state(after)
-        await self.state_topic.send(key=kb, value=self.codec.encode(st), headers=[self.codec.header(st)])
+        await self.state_topic.send(
+            key=kb, value=self.codec.encode(st, validate=False), headers=[self.codec.header(st)]
+        )
         for u in emitted:
             await self.uncertain.send(key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)])
 
-    def _load(self, key: str) -> Effect | None:
-        value = self.table.get(key)
+    def _load(self, key: str, value: bytes | None = None) -> Effect | None:
+        if value is None:
+            value = self.table.get(key)
         if value is None:
             return None
         cached = self._cache.get(key)

@@ -211,35 +211,54 @@ def to_state(effect: Effect) -> EffectState:
     )
 
 
-def _evidence(facts: tuple[Event, ...]) -> list[Evidence]:
-    out = []
-    for f in facts:
-        if isinstance(f, Receipt):
-            out.append(Evidence(f.receipt_id, f.value, f.source, f.attempt, f.at_ms))
-        elif isinstance(f, Resolution) and f.verdict is Verdict.FOUND and f.receipt_id is not None:
-            out.append(Evidence(f.receipt_id, f.value or "null", ReceiptSource.RECONCILER, f.attempt, f.at_ms))
-        elif isinstance(f, Decision) and f.decision is DecisionKind.CONFIRMED:
-            rid = f.receipt_id or f"decision:{f.event_id}"
-            out.append(Evidence(rid, "null", ReceiptSource.PERSON, f.attempt, f.at_ms))
-    out.sort(key=lambda e: (e.at_ms, e.receipt_id))
-    return out
+def _evidence_of(f: Event) -> Evidence | None:
+    if isinstance(f, Receipt):
+        return Evidence(f.receipt_id, f.value, f.source, f.attempt, f.at_ms)
+    if isinstance(f, Resolution) and f.verdict is Verdict.FOUND and f.receipt_id is not None:
+        return Evidence(f.receipt_id, f.value or "null", ReceiptSource.RECONCILER, f.attempt, f.at_ms)
+    if isinstance(f, Decision) and f.decision is DecisionKind.CONFIRMED:
+        return Evidence(f.receipt_id or f"decision:{f.event_id}", "null", ReceiptSource.PERSON, f.attempt, f.at_ms)
+    return None
 
 
 def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
-    intents = [f for f in facts if isinstance(f, Intent)]
-    attempt = max((f.attempt for f in facts), default=0)
-    latest = [f for f in facts if f.attempt == attempt]
+    # One pass (this runs for every event folded). Facts are sorted by attempt first, so the
+    # latest attempt's facts are the tail of the tuple.
+    attempt = facts[-1].attempt
+    intents: list[Intent] = []
+    evidence: list[Evidence] = []
+    ok_execs = 0
+    created = updated = facts[0].at_ms
+    first_latest = len(facts)
+    for i, f in enumerate(facts):
+        at = f.at_ms
+        if at < created:
+            created = at
+        elif at > updated:
+            updated = at
+        if f.attempt == attempt and i < first_latest:
+            first_latest = i
+        if isinstance(f, Intent):
+            intents.append(f)
+        elif isinstance(f, Executed):
+            if f.outcome is Outcome.OK:
+                ok_execs += 1
+        else:
+            ev = _evidence_of(f)
+            if ev is not None:
+                evidence.append(ev)
+    latest = facts[first_latest:]
     intent = next((f for f in reversed(intents) if f.attempt == attempt), intents[-1] if intents else None)
-    evidence = _evidence(facts)
-    ok_execs = [f for f in facts if isinstance(f, Executed) and f.outcome is Outcome.OK]
+    if len(evidence) > 1:
+        evidence.sort(key=lambda e: (e.at_ms, e.receipt_id))
     receipt_ids = tuple(sorted({e.receipt_id for e in evidence}))
 
     flags: list[Flag] = []
-    if len(ok_execs) > 1:
+    if ok_execs > 1:
         flags.append(Flag.DUPLICATE_EXECUTION)
     if len(receipt_ids) > 1:
         flags.append(Flag.DUPLICATE_RECEIPT)
-    if len({i.request_digest for i in intents}) > 1:
+    if len(intents) > 1 and len({i.request_digest for i in intents}) > 1:
         flags.append(Flag.CONFLICT)
     if not intents:
         flags.append(Flag.NO_INTENT)
@@ -254,17 +273,17 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         first_intent=intents[0] if intents else None,
         receipt=evidence[0] if evidence else None,
         receipt_ids=receipt_ids,
-        executions=len(ok_execs),
+        executions=ok_execs,
         flags=tuple(flags),
         deadline_ms=deadline,
-        created_ms=min(f.at_ms for f in facts),
-        updated_ms=max(f.at_ms for f in facts),
+        created_ms=created,
+        updated_ms=updated,
         reason=reason,
     )
 
 
 def _state_of(
-    facts: tuple[Event, ...], latest: list[Event], intent: Intent | None, evidence: list[Evidence]
+    facts: tuple[Event, ...], latest: tuple[Event, ...], intent: Intent | None, evidence: list[Evidence]
 ) -> tuple[State, str | None, int | None]:
     """(state, reason, deadline) per the table in the module docstring."""
     for f in facts:
