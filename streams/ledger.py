@@ -169,11 +169,12 @@ class Ledger:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def close(self) -> None:
-        """Stop the relay (events not yet acknowledged stay in the outbox for the next start, or
-        ``effects relay --db``), then close the file."""
+    async def close(self, relay_timeout: float = 10.0) -> None:
+        """Give the relay up to ``relay_timeout`` seconds to send what is left (events not yet
+        acknowledged stay in the outbox for the next start, or ``effects relay --db``), then
+        close the file."""
         if self._relay is not None:
-            await self._relay.stop()
+            await self._relay.stop(relay_timeout)
         if self._lookup is not None:
             await self._lookup.close()
         await self._store.close()

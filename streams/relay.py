@@ -73,11 +73,16 @@ class Relay:
         store.add_listener(lambda seq: self._wake.set())
 
     async def _init_watermark(self) -> None:
+        """Advance the watermark to what the file says is on Kafka."""
         rows = await self.store.query(
             "SELECT min(seq) AS lo, (SELECT max(seq) FROM events) AS hi FROM events WHERE sent = 0"
         )
         lo, hi = rows[0]["lo"], rows[0]["hi"]
-        self._acked_through = (lo - 1) if lo is not None else (hi or 0)
+        through = (lo - 1) if lo is not None else (hi or 0)
+        async with self._acked:
+            if through > self._acked_through:
+                self._acked_through = through
+                self._acked.notify_all()
 
     def start(self) -> asyncio.Task[None]:
         if self._task is None:
@@ -108,6 +113,9 @@ class Relay:
         """Send one batch of unsent rows; returns how many were acknowledged and marked sent."""
         rows = await self.store.unsent(self.batch)
         if not rows:
+            # Another relay on the same file (a second agent, `effects relay --db`) may have sent
+            # rows this one was waiting for: a row is marked sent only after some relay's ack.
+            await self._init_watermark()
             return 0
         delivered, failures = await asyncio.to_thread(self._produce, rows)
         if delivered:
@@ -192,7 +200,7 @@ class Relay:
                 pass
             self._task = None
         self._stop.set()
-        await asyncio.to_thread(self._producer.flush, 1.0)
+        await asyncio.to_thread(self._producer.flush, min(1.0, timeout))
 
     async def _drain_quietly(self) -> None:
         while await self.store.outbox_depth() > 0:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from streams.admin import delete_topics, ensure_topics
 from streams.codec import default_codec
@@ -83,11 +83,20 @@ def consume_all(cfg: KafkaConfig, topic: str) -> list[Any]:
     try:
         md = consumer.list_topics(topic, timeout=TIMEOUT)
         partitions = sorted(md.topics[topic].partitions)
-        high = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=TIMEOUT)[1] for p in partitions}
+        deadline = time.monotonic() + TIMEOUT
+        high: dict[int, int] = {}
+        for p in partitions:
+            while p not in high:
+                try:
+                    high[p] = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1]
+                except KafkaException as e:  # stale metadata (no or an old leader): retry
+                    if not e.args[0].retriable() and e.args[0].code() != KafkaError.NOT_LEADER_FOR_PARTITION:
+                        raise
+                    assert time.monotonic() < deadline, f"no watermark for {topic}[{p}]: {e}"
+                    time.sleep(0.05)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         position = {p: 0 for p in partitions}
         out: list[Any] = []
-        deadline = time.monotonic() + TIMEOUT
         while any(position[p] < high[p] for p in partitions):
             assert time.monotonic() < deadline, f"read {position} of {high} within {TIMEOUT} s"
             msg = consumer.poll(0.2)
@@ -137,8 +146,9 @@ class TestKafkaLedger(LedgerContract):
                 f"ledger = await Ledger.open(db, kafka=KafkaConfig(bootstrap={cfg.bootstrap!r}, "
                 f"prefix={cfg.prefix!r}, partitions={cfg.partitions}), sync=True)"
             )
+            imports = "from streams.ledger import Ledger"
             text = _RACE_SCRIPT.replace(embedded, kafka).replace(
-                "from streams.ledger import Ledger", "from streams.ledger import Ledger\nfrom streams.config import KafkaConfig"
+                imports, f"{imports}\nfrom streams.config import KafkaConfig"
             )
             script.write_text(text)
         self.mode.register(db)
