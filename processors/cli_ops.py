@@ -403,12 +403,10 @@ def resolve(
     kind = DecisionKind(str(verdict))
     with user_errors():
         if db is not None:
-            from pathlib import Path
-
+            from processors.ops.views import read_only
             from streams.ledger import Ledger
 
-            if not Path(db).exists():
-                raise SourceError(f"no ledger file at {db}")
+            read_only(db).close()  # refuses a missing file or one that is not a ledger, without writing to it
 
             async def go() -> str:
                 async with await Ledger.open(db) as ledger:

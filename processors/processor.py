@@ -168,6 +168,7 @@ class LedgerProcessor:
         # key -> (partition, due_ms, last_sent_ms): this worker's effects that need the timer.
         self.index: dict[str, tuple[int, int, int]] = {}
         self.processed: dict[int, int] = {}  # partition -> last offset folded
+        self._tick_highwaters: dict[int, int] = {}  # partition -> high watermark seen at the last tick
         self._indexed_assignment: frozenset[int] | None = None
         self._cache: dict[str, tuple[bytes, Effect]] = {}
         self._register()
@@ -307,9 +308,24 @@ class LedgerProcessor:
         assigned = self._assigned()
         if assigned != self._indexed_assignment:
             self._rebuild_index(assigned)
+        # Fire deadlines only on partitions whose backlog is folded: everything that was on the
+        # topic at the previous tick has been consumed (an outcome waiting there must not be timed
+        # out; the timeout would be harmless to the fold but a false fact in the audit record).
+        topic = self.events.get_topic_name()
+        tps = [TP(topic, p) for p in sorted(assigned)]
+        seen = self._tick_highwaters
+        caught_up = {
+            tp.partition
+            for tp in tps
+            if tp.partition in seen and self.processed.get(tp.partition, -1) >= seen[tp.partition] - 1
+        }
+        hws = await self.app.consumer.highwaters(*tps) if tps else {}
+        self._tick_highwaters = {tp.partition: int(hws.get(tp) or 0) for tp in tps}
         now = int(time.time() * 1000)
         resend_after = 5000
         for key, (partition, due, sent) in list(self.index.items()):
+            if partition not in caught_up:
+                continue
             if due + self.s.grace_ms > now or (sent and now - sent < resend_after):
                 continue
             effect = self._load(key)

@@ -82,9 +82,12 @@ class StateSink:
         self.path = sqlite_path(url)
         self.topic = cfg.topics.state
         self.stats = SinkStats()
-        self.db = sqlite3.connect(self.path, isolation_level=None)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(SINK_SCHEMA)
+        try:
+            self.db = sqlite3.connect(self.path, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(SINK_SCHEMA)
+        except sqlite3.Error as e:
+            raise SourceError(f"--to {url}: cannot open {self.path}: {e}") from None
         self.codec = default_codec()
 
     def _offsets(self) -> dict[int, int]:

@@ -77,9 +77,7 @@ def _ranges(c: Consumer, topic: str, parts: list[int], from_ms: int | None) -> l
         _, hi = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
         start = hi if starts[p] in (OFFSET_END, -1) else starts[p]
         if start < hi:
-            tp = TopicPartition(topic, p, start)
-            tp.metadata = str(hi)  # where this partition's replay ends
-            out.append(tp)
+            out.append(TopicPartition(topic, p, start, metadata=str(hi)))  # metadata: where it ends
     return out
 
 

@@ -36,12 +36,17 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _db(path: str | Path) -> sqlite3.Connection:
+def read_only(path: str | Path) -> sqlite3.Connection:
     p = Path(path)
     if not p.exists():
         raise SourceError(f"no ledger file at {p}")
     conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("SELECT 1 FROM effects LIMIT 1").fetchall()
+    except sqlite3.DatabaseError as e:
+        conn.close()
+        raise SourceError(f"{p} is not an effect-ledger file: {e}") from None
     return conn
 
 
@@ -69,7 +74,7 @@ def stuck(
     cutoff = (now or now_ms()) - older_than_ms
     states = tuple(s.value for s in INTERMEDIATE)
     if db is not None:
-        with _db(db) as conn:
+        with read_only(db) as conn:
             rows = conn.execute(
                 f"SELECT * FROM effects WHERE state IN ({','.join('?' * len(states))}) AND created_ms < ? "
                 "ORDER BY created_ms",
@@ -103,7 +108,7 @@ class Escalation:
 def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> list[Escalation]:
     """ESCALATED effects with their evidence: attempts and every reconciler answer."""
     if db is not None:
-        with _db(db) as conn:
+        with read_only(db) as conn:
             rows = conn.execute("SELECT * FROM effects WHERE state = 'ESCALATED' ORDER BY created_ms").fetchall()
         base = {
             r["effect_id"]: Row(
