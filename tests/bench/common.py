@@ -58,10 +58,18 @@ class Metric:
         return statistics.median(self.runs) if self.runs else float("nan")
 
     @property
+    def raw(self) -> float | None:
+        """The raw limit: given, or the median of the raw runs measured beside the runs."""
+        if self.raw_limit is not None:
+            return self.raw_limit
+        return statistics.median(self.raw_limit_runs) if self.raw_limit_runs else None
+
+    @property
     def ratio(self) -> float | None:
-        if self.raw_limit in (None, 0) or not self.runs:
+        raw = self.raw
+        if not raw or not self.runs:
             return None
-        return self.median / self.raw_limit  # type: ignore[operator]
+        return self.median / raw
 
     @property
     def target_text(self) -> str:
@@ -93,7 +101,7 @@ class Metric:
             "runs": self.runs,
             "repetitions": len(self.runs),
             "percentiles": self.percentiles,
-            "raw_limit": self.raw_limit,
+            "raw_limit": self.raw,
             "raw_limit_runs": self.raw_limit_runs,
             "raw_limit_is": self.raw_what,
             "ratio": self.ratio,
@@ -177,6 +185,8 @@ class Context:
         self._cleanups: list[Callable[[], None]] = []
         self._dirs: list[Path] = []
         self._t0 = time.monotonic()
+        self.shared: dict[str, Any] = {}
+        self._created: dict[str, float] = {}  # figures one benchmark passes to a later one
 
     def size(self, full: int, quick: int) -> int:
         return quick if self.quick else full
@@ -184,10 +194,13 @@ class Context:
     def progress(self, msg: str) -> None:
         self._print(f"[{time.monotonic() - self._t0:6.1f}s] {msg}")
 
+    @property
+    def tmp_base(self) -> Path:
+        return _disk_tmp()
+
     # Temporary folders on the working disk (never tmpfs): the SQLite files, processor data dirs.
     def workdir(self, name: str) -> Path:
-        base = _disk_tmp()
-        d = Path(tempfile.mkdtemp(prefix=f"effect-ledger-bench-{name}-", dir=base))
+        d = Path(tempfile.mkdtemp(prefix=f"effect-ledger-bench-{name}-", dir=self.tmp_base))
         self._dirs.append(d)
         return d
 
@@ -200,7 +213,26 @@ class Context:
         self._prefixes.append(prefix)
         if create:
             ensure_topics(cfg)
+            self._created[prefix] = time.monotonic()
         return cfg
+
+    def settle(self, cfg: KafkaConfig, seconds: float = 1.5) -> None:
+        """Wait until the topics are ``seconds`` old: the first produce to a partition created a
+        moment ago costs ~0.5 s on this broker (measured), which is not what a benchmark is after."""
+        left = self._created.get(cfg.prefix, 0.0) + seconds - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+
+    def drop(self, cfg: KafkaConfig) -> None:
+        """Delete every topic under ``cfg``'s prefix now (big topics should not pile up)."""
+        try:
+            names = [t for t in list_topics(cfg) if t.startswith(cfg.prefix)]
+            delete_topics(cfg, names)
+        except Exception as e:
+            self.progress(f"could not delete topics under {cfg.prefix}: {e} (retried at the end)")
+            return
+        if cfg.prefix in self._prefixes:
+            self._prefixes.remove(cfg.prefix)
 
     def on_cleanup(self, fn: Callable[[], None]) -> None:
         self._cleanups.append(fn)
@@ -215,7 +247,8 @@ class Context:
                 cfg = KafkaConfig.from_env(bootstrap=self.bootstrap)
                 names = [t for t in list_topics(cfg) if any(t.startswith(p) for p in self._prefixes)]
                 delete_topics(cfg, names)
-                self.progress(f"deleted {len(names)} bench topics")
+                if names:
+                    self.progress(f"deleted {len(names)} bench topics")
             except Exception as e:  # never hide the results behind a cleanup error
                 self.progress(f"could not delete bench topics: {e}")
             self._prefixes.clear()
@@ -316,9 +349,7 @@ class EventFactory:
     def bodies(self, i: int, kinds: int = 3) -> list[tuple[bytes, bytes, str, list[tuple[str, bytes]]]]:
         """(key, value, kind name, headers) of the first ``kinds`` events of effect ``i``."""
         kb = self.key(i).encode()
-        return [
-            (kb, self._templates[j].replace(self._ph, kb), self.kinds[j], self._headers[j]) for j in range(kinds)
-        ]
+        return [(kb, self._templates[j].replace(self._ph, kb), self.kinds[j], self._headers[j]) for j in range(kinds)]
 
     def check(self) -> None:
         """Decode a patched sample: the bytes must be what the codec itself would accept."""
@@ -335,24 +366,38 @@ def bare_producer(cfg: KafkaConfig, **extra: Any) -> Producer:
     return Producer(producer_config(cfg, **extra))
 
 
+def warm_producer(p: Producer, topic: str, timeout: float = 30.0) -> float:
+    """Send one record to ``topic`` (not the one measured) and wait for it: the idempotent producer
+    has its producer id and connections afterwards. Returns the seconds that took (librdkafka retries
+    the producer-id request after 500 ms when the first broker connection is the bootstrap one)."""
+    t = time.perf_counter()
+    p.produce(topic, key=b"bench-warm-up", value=b"")
+    if p.flush(timeout) > 0:
+        raise RuntimeError(f"warm-up record to {topic} not delivered in {timeout} s")
+    return time.perf_counter() - t
+
+
 def produce_all(
     p: Producer,
     topic: str,
     records: Iterable[tuple[bytes, bytes, list[tuple[str, bytes]] | None]],
-    errors: list[str] | None = None,
+    *,
+    reports: bool = True,
 ) -> int:
-    """Produce and flush; returns the count. Raises if any delivery failed."""
-    errs: list[str] = [] if errors is None else errors
+    """Produce and flush; returns the count. With ``reports`` a delivery callback per record checks
+    for failures (and raises); without, the caller checks what arrived (the barest producer loop)."""
+    errs: list[str] = []
 
     def report(err: KafkaError | None, _msg: Any) -> None:
         if err is not None:
             errs.append(str(err))
 
+    cb = report if reports else None
     n = 0
     for key, value, headers in records:
         while True:
             try:
-                p.produce(topic, key=key, value=value, headers=headers, on_delivery=report)
+                p.produce(topic, key=key, value=value, headers=headers, on_delivery=cb)
                 break
             except BufferError:
                 p.poll(0.05)
@@ -409,16 +454,20 @@ class Watermarks:
         finally:
             self._c.unassign()
 
-    def time_span_ms(self) -> tuple[int, int]:
-        """(earliest timestamp among the first records, latest among the last) of every partition."""
-        first, last = [], []
-        for p, hw in self.high().items():
-            if hw <= 0:
+    def time_span_ms(self) -> tuple[int, int, int]:
+        """(earliest timestamp among the first records, latest among the last, record count) over
+        every partition, from one snapshot of the watermarks."""
+        first, last, count = [], [], 0
+        for p in range(self.cfg.partitions):
+            lo, hw = self._c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10, cached=False)
+            if hw <= lo:
                 continue
-            lo = self._c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10, cached=False)[0]
+            count += hw - lo
             first.append(self.record_at(p, lo).timestamp()[1])
             last.append(self.record_at(p, hw - 1).timestamp()[1])
-        return min(first), max(last)
+        if not first:
+            raise RuntimeError(f"{self.topic} is empty")
+        return min(first), max(last), count
 
     def close(self) -> None:
         self._c.close()

@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,12 @@ def folded_by_key(records: list[Record]) -> dict[str, Effect]:
         assert e is not None
         out[k] = e
     return out
+
+
+def lookup_all(proc: Processor, keys: list[str]) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Look every key up, many at a time (each lookup waits on the processor's high-watermark query)."""
+    with ThreadPoolExecutor(32) as pool:
+        return dict(zip(keys, pool.map(proc.lookup, keys), strict=True))
 
 
 def intent(key: str, deadline_ms: int, *, at: int | None = None, target: str = "payments") -> Intent:
@@ -336,8 +343,7 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
 
         # The lookup of every key equals the fold of its events.
         wrong = {}
-        for k in all_keys:
-            status, body = proc.lookup(k)
+        for k, (status, body) in lookup_all(proc, all_keys).items():
             e = expected[k]
             got = (status, body.get("state"), body.get("version"), body.get("attempt"), body.get("receipt_id"))
             want = (200, e.state.value, e.version, e.attempt, e.receipt.receipt_id if e.receipt else None)
