@@ -23,7 +23,7 @@ from processors.demo.gateway import Gateway
 from processors.demo.story import _agent, _exit_text
 from processors.supervise import Processor, Reconcilers
 from streams import crashpoints
-from streams.admin import BrokerUnavailable, delete_topics, ensure_topics, wait_ready
+from streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
 from streams.codec import default_codec
 from streams.config import KafkaConfig
 from streams.model import State
@@ -127,4 +127,4 @@ def run_kafka_demo(console: Console, bootstrap: str | None = None, timeout: floa
             watcher.stop()
             reconcilers.stop()
             processor.stop()
-            delete_topics(cfg, list(cfg.topics.all()))
+            delete_topics(cfg, [t for t in list_topics(cfg) if t.startswith(cfg.prefix)])

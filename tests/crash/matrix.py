@@ -192,7 +192,7 @@ def run_matrix(runs: int, workers: int = 4, kafka: KafkaMode | None = None) -> l
 @contextlib.contextmanager
 def kafka_setup() -> Iterator[KafkaMode]:
     """Fresh topics and a ledger processor for one matrix run."""
-    from streams.admin import delete_topics, ensure_topics
+    from streams.admin import delete_topics, ensure_topics, list_topics
     from streams.config import KafkaConfig
     from tests.services import Processor
 
@@ -205,7 +205,7 @@ def kafka_setup() -> Iterator[KafkaMode]:
             yield KafkaMode(cfg.bootstrap, cfg.prefix, proc.url)
         finally:
             proc.stop()
-            delete_topics(cfg, list(cfg.topics.all()))
+            delete_topics(cfg, [t for t in list_topics(cfg) if t.startswith(cfg.prefix)])
 
 
 def table(cells: list[Cell]) -> str:
