@@ -392,7 +392,8 @@ class LedgerProcessor:
 
 
 def faust_credentials(k: KafkaConfig) -> Any:
-    """SASL/SSL settings of ``KafkaConfig`` as faust credentials (aiokafka transport)."""
+    """The SASL/SSL settings of ``KafkaConfig`` as faust credentials (aiokafka transport), so the
+    processor authenticates like the confluent-kafka clients do."""
     proto = (k.security_protocol or "PLAINTEXT").upper()
     if proto == "PLAINTEXT":
         return None
@@ -402,14 +403,10 @@ def faust_credentials(k: KafkaConfig) -> Any:
 
         ssl_context = ssl.create_default_context(cafile=k.ssl_cafile)
     if proto.startswith("SASL"):
-        mech = (k.sasl_mechanism or "PLAIN").upper()
-        if mech.startswith("SCRAM"):
-            return (
-                faust.GSSAPICredentials
-                if False
-                else faust.SASLCredentials(
-                    username=k.sasl_username, password=k.sasl_password, mechanism=mech, ssl_context=ssl_context
-                )
-            )
-        return faust.SASLCredentials(username=k.sasl_username, password=k.sasl_password, ssl_context=ssl_context)
+        return faust.SASLCredentials(
+            username=k.sasl_username,
+            password=k.sasl_password,
+            mechanism=(k.sasl_mechanism or "PLAIN").upper(),
+            ssl_context=ssl_context,
+        )
     return faust.SSLCredentials(ssl_context)
