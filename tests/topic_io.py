@@ -4,11 +4,15 @@ consumer group, every partition), producing raw records, and running real servic
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
@@ -19,6 +23,7 @@ from streams.relay import producer_config
 from tests.services import Service
 
 S = TypeVar("S", bound=Service)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -177,3 +182,20 @@ def running(*services: S) -> Iterator[tuple[S, ...]]:
     finally:
         for s in services:
             s.kill()
+
+
+def run_agent(
+    cfg: KafkaConfig, workdir: Path, gateway: str, crash: str, *, run_id: str, timeout: float
+) -> subprocess.Popen[bytes]:
+    """The demo agent in Kafka mode (intent acknowledged by Kafka before the call), killing itself with
+    SIGKILL at the crash point ``crash``. Its order id is its run id."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, EFFECT_LEDGER_CRASH=crash)
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "processors.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,
+            "--prefix", cfg.prefix, "--workdir", str(workdir), "--gateway", gateway, "--run-id", run_id,
+            "--order", run_id, "--timeout", str(timeout),
+        ],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
@@ -26,6 +26,8 @@ from streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from streams.relay import producer_config
 
 ROOT = Path(__file__).resolve().parents[2]
+N = TypeVar("N", int, float)
+Headers = list[tuple[str, str | bytes | None]]
 CPU_COUNT = os.cpu_count() or 1
 
 
@@ -185,10 +187,9 @@ class Context:
         self._cleanups: list[Callable[[], None]] = []
         self._dirs: list[Path] = []
         self._t0 = time.monotonic()
-        self.shared: dict[str, Any] = {}
-        self._created: dict[str, float] = {}  # figures one benchmark passes to a later one
+        self.shared: dict[str, Any] = {}  # figures one benchmark passes to a later one
 
-    def size(self, full: int, quick: int) -> int:
+    def size(self, full: N, quick: N) -> N:
         return quick if self.quick else full
 
     def progress(self, msg: str) -> None:
@@ -213,15 +214,7 @@ class Context:
         self._prefixes.append(prefix)
         if create:
             ensure_topics(cfg)
-            self._created[prefix] = time.monotonic()
         return cfg
-
-    def settle(self, cfg: KafkaConfig, seconds: float = 1.5) -> None:
-        """Wait until the topics are ``seconds`` old: the first produce to a partition created a
-        moment ago costs ~0.5 s on this broker (measured), which is not what a benchmark is after."""
-        left = self._created.get(cfg.prefix, 0.0) + seconds - time.monotonic()
-        if left > 0:
-            time.sleep(left)
 
     def drop(self, cfg: KafkaConfig) -> None:
         """Delete every topic under ``cfg``'s prefix now (big topics should not pile up)."""
@@ -338,7 +331,9 @@ class EventFactory:
         receipt = Receipt(uuid.uuid4().hex, k, t + 2, 1, "re_123", ReceiptSource.CALL, '{"id":"re_123"}')
         self.kinds = ("Intent", "Executed", "Receipt")
         self._templates = [self.codec.encode(e) for e in (intent, executed, receipt)]
-        self._headers = [[(HEADER, self.codec.schema_name(e).encode())] for e in (intent, executed, receipt)]
+        self._headers: list[Headers] = [
+            [(HEADER, self.codec.schema_name(e).encode())] for e in (intent, executed, receipt)
+        ]
         self._ph = k.encode()
         for body in self._templates:
             assert body.count(self._ph) == 1, "the placeholder key must occur once per body"
@@ -346,7 +341,7 @@ class EventFactory:
     def key(self, i: int) -> str:
         return f"payments:{self.tag}{i:016x}"
 
-    def bodies(self, i: int, kinds: int = 3) -> list[tuple[bytes, bytes, str, list[tuple[str, bytes]]]]:
+    def bodies(self, i: int, kinds: int = 3) -> list[tuple[bytes, bytes, str, Headers]]:
         """(key, value, kind name, headers) of the first ``kinds`` events of effect ``i``."""
         kb = self.key(i).encode()
         return [(kb, self._templates[j].replace(self._ph, kb), self.kinds[j], self._headers[j]) for j in range(kinds)]
@@ -380,7 +375,7 @@ def warm_producer(p: Producer, topic: str, timeout: float = 30.0) -> float:
 def produce_all(
     p: Producer,
     topic: str,
-    records: Iterable[tuple[bytes, bytes, list[tuple[str, bytes]] | None]],
+    records: Iterable[tuple[bytes, bytes, Headers | None]],
     *,
     reports: bool = True,
 ) -> int:

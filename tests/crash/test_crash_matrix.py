@@ -50,10 +50,11 @@ def test_naive_retry_duplicates_after_the_call(cells: list[Cell]) -> None:
 
 def test_ledger_confirms_wherever_the_destination_can_tell(cells: list[Cell]) -> None:
     """Only a destination that neither deduplicates keys nor answers lookups leaves a person to
-    decide; every other cell ends CONFIRMED with exactly one refund."""
+    decide, and only when the crash came before the outcome was recorded; every other cell ends
+    CONFIRMED with exactly one refund (after_executed: the outcome and receipt were one write)."""
     for c in cells:
         for r in c.ledger:
-            if c.kind != "none" or c.point == crashpoints.BEFORE_INTENT:
+            if c.kind != "none" or c.point in (crashpoints.BEFORE_INTENT, crashpoints.AFTER_EXECUTED):
                 assert (r.state, r.refunds) == ("CONFIRMED", 1), f"{c.point}/{c.kind}: {r}"
             else:
                 assert r.state == "ESCALATED" and r.evidence, f"{c.point}/{c.kind}: {r}"
