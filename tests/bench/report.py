@@ -1,0 +1,98 @@
+"""The results table (rich) and the JSON file."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tests.bench.common import CPU_COUNT, BenchResult, fmt
+
+
+def _pcts(p: dict[str, float]) -> str:
+    if not p:
+        return "-"
+    parts = []
+    for k, v in p.items():
+        if k.startswith("max"):
+            continue
+        label = k.split("_")[0] + ("-grace" if "minus_grace" in k else "")
+        parts.append(f"{label} {fmt(v)}")
+    return " / ".join(parts)
+
+
+def table(results: list[BenchResult], title: str) -> Table:
+    t = Table(title=title, show_lines=False, header_style="bold")
+    for col, kw in (
+        ("benchmark", {"no_wrap": True}),
+        ("metric", {}),
+        ("median", {"justify": "right"}),
+        ("unit", {}),
+        ("p-values", {}),
+        ("raw limit", {"justify": "right"}),
+        ("ratio", {"justify": "right"}),
+        ("target", {}),
+        ("pass", {"justify": "center"}),
+        ("reps", {"justify": "right"}),
+    ):
+        t.add_column(col, **kw)  # type: ignore[arg-type]
+    for r in results:
+        if r.status != "ran":
+            style = "yellow" if r.status == "skipped" else "red"
+            t.add_row(r.name, f"[{style}]{r.status}: {r.note}[/{style}]", *[""] * 8)
+            continue
+        for i, m in enumerate(r.metrics):
+            ok = m.passed
+            mark = "-" if ok is None else ("[green]PASS[/green]" if ok else "[red]FAIL[/red]")
+            ratio = m.ratio
+            t.add_row(
+                r.name if i == 0 else "",
+                m.metric,
+                fmt(m.median),
+                m.unit,
+                _pcts(m.percentiles),
+                fmt(m.raw),
+                "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}",
+                m.target_text,
+                mark,
+                str(len(m.runs)),
+            )
+            if m.extra.get("note"):
+                t.add_row("", f"[dim]  {m.extra['note']}[/dim]", *[""] * 8)
+        if r.note:
+            t.add_row("", f"[dim]{r.note}[/dim]", *[""] * 8)
+    return t
+
+
+def print_table(console: Console, results: list[BenchResult], title: str) -> None:
+    console.print(table(results, title))
+
+
+def write_json(path: Path, results: list[BenchResult], meta: dict[str, Any]) -> None:
+    doc = {
+        **meta,
+        "machine": {
+            "cpu_count": CPU_COUNT,
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+        },
+        "benchmarks": [r.to_json() for r in results],
+    }
+    path.write_text(json.dumps(_clean(doc), indent=2, allow_nan=False, default=str) + "\n")
+
+
+def _clean(o: Any) -> Any:
+    """NaN and infinities become null (strict JSON); floats are rounded for reading."""
+    if isinstance(o, float):
+        return None if math.isnan(o) or math.isinf(o) else round(o, 3)
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_clean(v) for v in o]
+    return o
