@@ -24,8 +24,12 @@ POINTS = (BEFORE_INTENT, AFTER_INTENT, AFTER_CALL, AFTER_EXECUTED)
 ENV = "EFFECT_LEDGER_CRASH"
 
 
+# Read once: the points sit on the SDK's hot path, and the variable is set before a child starts.
+_ARMED = frozenset(p for p in os.environ.get(ENV, "").split(",") if p)
+
+
 def reached(point: str) -> None:
-    """Kill this process with SIGKILL if ``EFFECT_LEDGER_CRASH`` names ``point``."""
-    wanted = os.environ.get(ENV)
-    if wanted and point in wanted.split(","):
+    """Kill this process with SIGKILL if ``EFFECT_LEDGER_CRASH`` (as it was when this process
+    started) names ``point``."""
+    if _ARMED and point in _ARMED:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -27,8 +27,8 @@ import asyncio
 import functools
 import inspect
 import json
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -74,6 +74,12 @@ _CONFLICT_RETRIES = 16
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def new_event_id() -> str:
+    """32 hex characters, time-ordered (48-bit ms, then 80 random bits): unique like a uuid4, and
+    kind to the event_id index, where random keys would scatter every insert."""
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +407,7 @@ class Ledger:
         attempt = before.attempt + 1 if before else 1
         deadline = now + int(spec.timeout * 1000)
         intent = Intent(
-            event_id=uuid.uuid4().hex,
+            event_id=new_event_id(),
             effect_id=key,
             at_ms=now,
             attempt=attempt,
@@ -452,18 +458,19 @@ class Ledger:
         # the ledger knows the call succeeded but has lost what it returned.
         now = self._clock()
         receipt = Receipt(
-            uuid.uuid4().hex, key, now, attempt, self._receipt_id(target, value), ReceiptSource.CALL, _json_text(value)
+            new_event_id(), key, now, attempt, self._receipt_id(target, value), ReceiptSource.CALL, _json_text(value)
         )
         effect = await self._outcome(effect, attempt, Outcome.OK, None, started, receipt)
         crashpoints.reached(crashpoints.AFTER_EXECUTED)
-        return _confirmation(effect, called=True)
+        # What the destination returned, as it returned it (a replay later gives the recorded JSON).
+        return Confirmation(key, receipt.receipt_id, value, ReceiptSource.CALL, attempt, True)
 
     async def _outcome(
         self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
         receipt: Receipt | None = None,
     ) -> Effect:
         now = self._clock()
-        ev = Executed(uuid.uuid4().hex, effect.effect_id, now, attempt, outcome, error, started, now, None, self.worker)
+        ev = Executed(new_event_id(), effect.effect_id, now, attempt, outcome, error, started, now, None, self.worker)
         events: list[Event] = [ev] if receipt is None else [ev, receipt]
         return await self._record(effect, events, claim_op=ClaimOp.RELEASE)
 
@@ -510,7 +517,7 @@ class Ledger:
             raise InvalidEffect("receipt_id must be a non-empty string")
         before = (await self._store.load(key)).effect
         ev = Receipt(
-            uuid.uuid4().hex, key, self._clock(), attempt, receipt_id, ReceiptSource(source), _json_text(value)
+            new_event_id(), key, self._clock(), attempt, receipt_id, ReceiptSource(source), _json_text(value)
         )
         return await self._record(before, [ev])
 
@@ -525,7 +532,7 @@ class Ledger:
         before = (await self._store.load(key)).effect
         if before is None:
             raise InvalidEffect(f"no effect with key {key!r} in {self._store.path}")
-        ev = Decision(uuid.uuid4().hex, key, self._clock(), before.attempt, kind, by, reason, receipt_id)
+        ev = Decision(new_event_id(), key, self._clock(), before.attempt, kind, by, reason, receipt_id)
         return await self._record(before, [ev])
 
     async def get(self, key: str) -> Effect | None:

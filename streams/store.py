@@ -42,8 +42,8 @@ class Durability(StrEnum):
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (
-    seq         INTEGER PRIMARY KEY AUTOINCREMENT,
-    event_id    TEXT NOT NULL UNIQUE,
+    seq         INTEGER PRIMARY KEY,    -- rowid: never reused, rows are never deleted
+    event_id    TEXT NOT NULL,          -- unique per effect: the fold admits an event id once
     effect_id   TEXT NOT NULL,
     kind        TEXT NOT NULL,
     at_ms       INTEGER NOT NULL,
@@ -52,7 +52,6 @@ CREATE TABLE IF NOT EXISTS events (
 );
 CREATE INDEX IF NOT EXISTS events_by_effect ON events(effect_id, seq);
 CREATE INDEX IF NOT EXISTS events_unsent ON events(seq) WHERE sent = 0;
-CREATE INDEX IF NOT EXISTS events_by_time ON events(at_ms);
 CREATE TABLE IF NOT EXISTS effects (
     effect_id       TEXT PRIMARY KEY,
     state           TEXT NOT NULL,
@@ -81,27 +80,30 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
 """
 
-_UPSERT = """
-INSERT INTO effects (effect_id, state, target, operation, namespace, run_id, step, attempt, version,
-                     deadline_ms, created_ms, updated_ms, receipt_id, executions, flags, reason,
-                     claim_owner, claim_until_ms)
+# A key nobody has used: a plain insert (OR IGNORE: a row that exists means someone else was
+# first, which the caller treats as a version conflict).
+_INSERT_EFFECT = """
+INSERT OR IGNORE INTO effects (effect_id, state, target, operation, namespace, run_id, step, attempt, version,
+                               deadline_ms, created_ms, updated_ms, receipt_id, executions, flags, reason,
+                               claim_owner, claim_until_ms)
 VALUES (:effect_id, :state, :target, :operation, :namespace, :run_id, :step, :attempt, :version,
         :deadline_ms, :created_ms, :updated_ms, :receipt_id, :executions, :flags, :reason,
         :claim_owner, :claim_until_ms)
-ON CONFLICT(effect_id) DO UPDATE SET
-    state = excluded.state, target = excluded.target, operation = excluded.operation,
-    namespace = excluded.namespace, run_id = excluded.run_id, step = excluded.step,
-    attempt = excluded.attempt, version = excluded.version, deadline_ms = excluded.deadline_ms,
-    created_ms = excluded.created_ms, updated_ms = excluded.updated_ms,
-    receipt_id = excluded.receipt_id, executions = excluded.executions, flags = excluded.flags,
-    reason = excluded.reason,
-    claim_owner = CASE :claim_op WHEN 'keep' THEN effects.claim_owner ELSE excluded.claim_owner END,
-    claim_until_ms = CASE :claim_op WHEN 'keep' THEN effects.claim_until_ms ELSE excluded.claim_until_ms END,
-    check_tries = CASE WHEN excluded.state = effects.state THEN effects.check_tries ELSE 0 END,
-    next_check_ms = CASE WHEN excluded.state = effects.state THEN effects.next_check_ms ELSE NULL END
-WHERE effects.version = :expected
-  AND (:claim_op != 'take' OR effects.claim_owner IS NULL OR effects.claim_owner IS :observed_owner
-       OR effects.claim_until_ms < :now)
+"""
+
+# A known key: only if nobody wrote it since the caller folded it (the version), and, to claim it,
+# only if nobody live holds it. One statement: the claim is never a read-then-write.
+_UPDATE_EFFECT = """
+UPDATE effects SET
+    state = :state, target = :target, operation = :operation, namespace = :namespace, run_id = :run_id,
+    step = :step, attempt = :attempt, version = :version, deadline_ms = :deadline_ms, created_ms = :created_ms,
+    updated_ms = :updated_ms, receipt_id = :receipt_id, executions = :executions, flags = :flags, reason = :reason,
+    claim_owner = CASE :claim_op WHEN 'keep' THEN claim_owner ELSE :claim_owner END,
+    claim_until_ms = CASE :claim_op WHEN 'keep' THEN claim_until_ms ELSE :claim_until_ms END,
+    check_tries = CASE WHEN :state = state THEN check_tries ELSE 0 END,
+    next_check_ms = CASE WHEN :state = state THEN next_check_ms ELSE NULL END
+WHERE effect_id = :effect_id AND version = :expected
+  AND (:claim_op != 'take' OR claim_owner IS NULL OR claim_owner IS :observed_owner OR claim_until_ms < :now)
 """
 
 
@@ -125,6 +127,7 @@ class _Write:
     row: dict[str, Any]
     encoded: list[tuple[str, str, str, int, bytes]]
     sent: int
+    durable: bool  # needs the store's durability level (an intent); else NORMAL is enough
 
 
 class Appended(NamedTuple):
@@ -195,6 +198,9 @@ class Store:
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
         self._pending: list[tuple[_Write, asyncio.Future[int | None]]] = []
+        self._sync_level = durability.value
+        self._checkpointer: asyncio.Task[None] | None = None
+        self._closing = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
 
     @classmethod
@@ -207,17 +213,44 @@ class Store:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={Durability(durability).value}")
             await db.execute("PRAGMA busy_timeout=30000")
+            # Checkpoints run off the commit path, from their own connection (see _checkpoints).
+            await db.execute("PRAGMA wal_autocheckpoint=0")
             await db.executescript(SCHEMA)
         except BaseException:
             await db.close()
             raise
-        return cls(db, p, Durability(durability), default_codec())
+        store = cls(db, p, Durability(durability), default_codec())
+        store._checkpointer = asyncio.create_task(store._checkpoints(), name="effect-ledger-checkpoints")
+        return store
+
+    async def _checkpoints(self, every_s: float = 1.0) -> None:
+        """Copy the WAL back into the database now and then, in a thread of its own. SQLite would
+        otherwise do it inside whichever commit crosses 1,000 pages — a latency spike on that
+        write. PASSIVE: it never blocks a writer; what it cannot copy yet waits for the next round."""
+        conn = sqlite3.connect(self.path, timeout=0.1, check_same_thread=False)
+        try:
+            while not self._closed:
+                try:
+                    await asyncio.wait_for(self._closing.wait(), every_s)
+                except TimeoutError:
+                    pass
+                if self._closed:
+                    break
+                try:
+                    await asyncio.to_thread(conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
+                except sqlite3.Error:
+                    continue  # busy: next round
+        finally:
+            conn.close()
 
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
             if self._flusher is not None:
                 await asyncio.shield(self._flusher)  # writes already accepted are committed first
+            self._closing.set()
+            if self._checkpointer is not None:
+                await self._checkpointer
             await self._db.close()
 
     @property
@@ -278,15 +311,19 @@ class Store:
         ``sent``: the events are already on Kafka (imported from the processor), not for the relay."""
         after = before
         emitted: list[UncertainEffect] = []
+        new: list[Event] = []
         for e in events:
-            after, out = apply(after, e)
+            folded, out = apply(after, e)
+            if folded is not after:
+                new.append(e)  # an event the effect already holds is not stored twice
+            after = folded
             emitted.extend(out)
         assert after is not None
         if after is before:
             return Appended(after, [], None)  # every event was already known: nothing to write
         # Events built by the SDK are typed by construction: skip the codec's value validation here.
         encoded = [
-            (e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e, validate=False)) for e in events
+            (e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e, validate=False)) for e in new
         ]
         row = _row(after)
         row.update(
@@ -297,7 +334,7 @@ class Store:
             observed_owner=observed_owner,
             now=now_ms,
         )
-        seq = await self._commit(_Write(row, encoded, int(sent)))
+        seq = await self._commit(_Write(row, encoded, int(sent), claim_op is ClaimOp.TAKE))
         if seq is None:
             raise VersionConflict(after.effect_id)
         if not sent:
@@ -341,11 +378,20 @@ class Store:
         write: the last new event's seq (0 when every event was already stored), or None when its
         version check failed (its events are then not inserted)."""
         conn: sqlite3.Connection = self._db._conn
+        if self.durability is Durability.FULL:
+            # FULL fsyncs before an intent's call may start. Later records of an effect (outcome,
+            # receipt, resolution) commit at NORMAL: the WAL makes them durable with the next fsync,
+            # and one lost to a power cut leaves the effect open, to be reconciled, never re-run.
+            level = "FULL" if any(w.durable for w in writes) else "NORMAL"
+            if level != self._sync_level:
+                conn.execute(f"PRAGMA synchronous={level}")
+                self._sync_level = level
         conn.execute("BEGIN IMMEDIATE")
         try:
             results: list[int | None] = []
             for w in writes:
-                if conn.execute(_UPSERT, w.row).rowcount != 1:
+                sql = _UPDATE_EFFECT if w.row["expected"] else _INSERT_EFFECT
+                if conn.execute(sql, w.row).rowcount != 1:
                     results.append(None)
                     continue
                 seq = 0
