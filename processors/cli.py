@@ -297,7 +297,7 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
             pending = await store.outbox_depth()
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
-                sent = await Relay(store, cfg).drain(lambda n, left: progress.update(task, completed=n))
+                sent = await Relay(store, cfg).drain(lambda n: progress.update(task, completed=n))
             return sent
         finally:
             await store.close()

@@ -70,6 +70,7 @@ class Relay:
         self._task: asyncio.Task[None] | None = None
         self._acked_through = 0  # every event with seq <= this is on Kafka
         self._acked = asyncio.Condition()
+        self._headers: dict[str, list[tuple[str, str | bytes | None]]] = {}
         store.add_listener(lambda seq: self._wake.set())
 
     async def _init_watermark(self) -> None:
@@ -94,7 +95,7 @@ class Relay:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                n = await self.send_batch()
+                n = await self.send_all()
                 backoff = 0.1
             except Exception:
                 self.stats.errors += 1
@@ -111,58 +112,86 @@ class Relay:
 
     async def send_batch(self) -> int:
         """Send one batch of unsent rows; returns how many were acknowledged and marked sent."""
-        rows = await self.store.unsent(self.batch)
-        if not rows:
+        return await self.send_all(max_batches=1)
+
+    async def send_all(self, max_batches: int | None = None, progress: Callable[[int], None] | None = None) -> int:
+        """Send unsent rows batch by batch until none are left (or ``max_batches``). Pipelined: the
+        rows of batch N are marked sent (on the database's thread) while batch N+1 is produced
+        (on a worker thread); a batch is marked only after all its delivery reports came back."""
+        total = 0
+        batches = 0
+        after = 0
+        marking: asyncio.Task[None] | None = None
+        try:
+            while max_batches is None or batches < max_batches:
+                rows = await self.store.unsent(self.batch, after)
+                if not rows:
+                    break
+                producing = asyncio.ensure_future(asyncio.to_thread(self._produce, rows))
+                try:
+                    if marking is not None:
+                        await marking
+                        marking = None
+                finally:
+                    delivered, error = await producing
+                if error is not None:
+                    raise RuntimeError(f"{len(rows) - delivered} of {len(rows)} events not acknowledged: {error}")
+                after = rows[-1][0]
+                marking = asyncio.ensure_future(self.store.mark_sent([r[0] for r in rows]))
+                total += len(rows)
+                batches += 1
+                self.stats.sent += len(rows)
+                self.stats.batches += 1
+                await self._advance(after)  # on Kafka: a sync waiter may go on
+                if progress is not None:
+                    progress(total)
+        finally:
+            if marking is not None:
+                await marking
+        if total == 0:
             # Another relay on the same file (a second agent, `effects relay --db`) may have sent
             # rows this one was waiting for: a row is marked sent only after some relay's ack.
             await self._init_watermark()
-            return 0
-        delivered, failures = await asyncio.to_thread(self._produce, rows)
-        if delivered:
-            await self.store.mark_sent(delivered)
-        self.stats.sent += len(delivered)
-        self.stats.batches += 1
-        # The watermark only moves over a gapless prefix: a waiter for seq N needs all of <= N.
-        first_failed = min((seq for seq, _ in failures), default=None)
-        through = rows[-1][0] if first_failed is None else first_failed - 1
+        return total
+
+    async def _advance(self, through: int) -> None:
         async with self._acked:
             if through > self._acked_through:
                 self._acked_through = through
                 self._acked.notify_all()
-        if failures:
-            seq, err = failures[0]
-            raise RuntimeError(f"{len(failures)} events not acknowledged (first seq {seq}: {err})")
-        return len(delivered)
 
-    def _produce(self, rows: list[tuple[int, str, str, bytes]]) -> tuple[list[int], list[tuple[int, str]]]:
-        """Produce and wait for every delivery report (runs in a worker thread)."""
-        delivered: list[int] = []
-        failures: list[tuple[int, str]] = []
+    def _produce(self, rows: list[tuple[int, str, str, bytes]]) -> tuple[int, str | None]:
+        """Produce a batch and wait for every delivery report (runs in a worker thread). Returns
+        how many were acknowledged and the first error, if any."""
+        delivered = 0
+        first_error: str | None = None
 
-        def report(seq: int) -> Callable[[KafkaError | None, Any], None]:
-            def cb(err: KafkaError | None, _msg: Any) -> None:
-                if err is None:
-                    delivered.append(seq)
-                else:
-                    failures.append((seq, str(err)))
-
-            return cb
+        def report(err: KafkaError | None, _msg: Any) -> None:
+            nonlocal delivered, first_error
+            if err is None:
+                delivered += 1
+            elif first_error is None:
+                first_error = str(err)
 
         p = self._producer
-        for seq, effect_id, kind, body in rows:
-            header: list[tuple[str, str | bytes | None]] = [(HEADER, f"effect_ledger.{kind}".encode())]
+        topic = self.topic
+        headers = self._headers
+        for _seq, effect_id, kind, body in rows:
+            header = headers.get(kind)
+            if header is None:
+                header = headers[kind] = [(HEADER, f"effect_ledger.{kind}".encode())]
             while True:
                 try:
-                    p.produce(self.topic, key=effect_id.encode(), value=body, headers=header, on_delivery=report(seq))
+                    p.produce(topic, body, effect_id, headers=header, on_delivery=report)
                     break
                 except BufferError:
                     p.poll(0.05)
-            p.poll(0)
         while p.flush(0.5) > 0:
             if self._stop.is_set():
                 break
-        delivered.sort()
-        return delivered, failures
+        if first_error is None and delivered < len(rows):
+            first_error = "stopped before every delivery report came back"
+        return delivered, first_error
 
     async def wait_acked(self, seq: int, timeout: float) -> bool:
         """Wait until the event with ``seq`` (and every one before it) is on Kafka."""
@@ -173,17 +202,10 @@ class Relay:
             except TimeoutError:
                 return False
 
-    async def drain(self, progress: Callable[[int, int], None] | None = None) -> int:
+    async def drain(self, progress: Callable[[int], None] | None = None) -> int:
         """Send everything unsent, then return the count (``effects relay --db``)."""
         await self._init_watermark()
-        total = 0
-        while True:
-            n = await self.send_batch()
-            if n == 0:
-                return total
-            total += n
-            if progress:
-                progress(total, await self.store.outbox_depth())
+        return await self.send_all(progress=progress)
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop after the batch in flight; rows not acknowledged stay unsent for the next start."""

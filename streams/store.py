@@ -412,14 +412,16 @@ class Store:
 
     # -- the outbox --------------------------------------------------------------------------
 
-    async def unsent(self, limit: int) -> list[tuple[int, str, str, bytes]]:
-        """The oldest events not yet acknowledged by Kafka: (seq, effect_id, kind, body)."""
-        return await self._run(self._unsent, limit)  # type: ignore[no-any-return]
+    async def unsent(self, limit: int, after: int = 0) -> list[tuple[int, str, str, bytes]]:
+        """The oldest events not yet acknowledged by Kafka, after seq ``after``:
+        (seq, effect_id, kind, body)."""
+        return await self._run(self._unsent, limit, after)  # type: ignore[no-any-return]
 
-    def _unsent(self, limit: int) -> list[tuple[int, str, str, bytes]]:
+    def _unsent(self, limit: int, after: int) -> list[tuple[int, str, str, bytes]]:
         conn: sqlite3.Connection = self._db._conn
         return conn.execute(
-            "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 ORDER BY seq LIMIT ?", (limit,)
+            "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
+            (after, limit),
         ).fetchall()
 
     async def mark_sent(self, seqs: Sequence[int]) -> None:

@@ -370,9 +370,9 @@ def test_sync_intent_relayed_by_another_ledger_on_the_same_file(kafka_config: Ka
             b = await Ledger.open(path, kafka=kafka_config)
             original = a.store.unsent
 
-            async def after_the_other_relay(limit: int) -> Any:
+            async def after_the_other_relay(limit: int, after: int = 0) -> Any:
                 await wait_until(_depth_zero(a), TIMEOUT, "B's relay to drain the outbox")
-                return await original(limit)
+                return await original(limit, after)
 
             a.store.unsent = after_the_other_relay  # type: ignore[method-assign]
             c = await execute(a, dest, "shared-file")
