@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import logging
 import struct
 import time
@@ -168,7 +169,8 @@ class LedgerProcessor:
         # key -> (partition, due_ms, last_sent_ms): this worker's effects that need the timer.
         self.index: dict[str, tuple[int, int, int]] = {}
         self.processed: dict[int, int] = {}  # partition -> last offset folded
-        self._tick_highwaters: dict[int, int] = {}  # partition -> high watermark seen at the last tick
+        # partition -> (tick times, high watermarks then): where each partition stood at each tick
+        self._hw_samples: dict[int, tuple[list[int], list[int]]] = {}
         self._indexed_assignment: frozenset[int] | None = None
         self._cache: dict[str, tuple[bytes, Effect]] = {}
         self._register()
@@ -308,24 +310,25 @@ class LedgerProcessor:
         assigned = self._assigned()
         if assigned != self._indexed_assignment:
             self._rebuild_index(assigned)
-        # Fire deadlines only on partitions whose backlog is folded: everything that was on the
-        # topic at the previous tick has been consumed (an outcome waiting there must not be timed
-        # out; the timeout would be harmless to the fold but a false fact in the audit record).
+        # A deadline fires only once the partition is folded up to where it stood when the
+        # deadline (plus grace) passed: an outcome produced before then must be seen first (a
+        # timeout after it would change nothing in the fold, but be a false fact in the audit).
         topic = self.events.get_topic_name()
         tps = [TP(topic, p) for p in sorted(assigned)]
-        seen = self._tick_highwaters
-        caught_up = {
-            tp.partition
-            for tp in tps
-            if tp.partition in seen and self.processed.get(tp.partition, -1) >= seen[tp.partition] - 1
-        }
-        hws = await self.app.consumer.highwaters(*tps) if tps else {}
-        self._tick_highwaters = {tp.partition: int(hws.get(tp) or 0) for tp in tps}
         now = int(time.time() * 1000)
+        hws = await self.app.consumer.highwaters(*tps) if tps else {}
+        for tp in tps:
+            samples = self._hw_samples.setdefault(tp.partition, ([], []))
+            samples[0].append(now)
+            samples[1].append(int(hws.get(tp) or 0))
+            if len(samples[0]) > 2000:  # keep a few minutes of ticks
+                del samples[0][:1000], samples[1][:1000]
         resend_after = 5000
         for key, (partition, due, sent) in list(self.index.items()):
-            if partition not in caught_up:
-                continue
+            times, marks = self._hw_samples.get(partition, ([], []))
+            i = bisect.bisect_left(times, due + self.s.grace_ms)
+            if i == len(times) or self.processed.get(partition, -1) < marks[i] - 1:
+                continue  # not due yet, or events from before the deadline are still unfolded
             if due + self.s.grace_ms > now or (sent and now - sent < resend_after):
                 continue
             effect = self._load(key)
