@@ -21,6 +21,11 @@ projection to the full count when the time budget ended the run first.
 
 from __future__ import annotations
 
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -97,6 +102,16 @@ def raw_fold(cfg: KafkaConfig, n: int, timeout: float = 120.0) -> float:
     return (seen - 1) / elapsed if elapsed > 0 else float("nan")
 
 
+def faust_ceiling(cfg: KafkaConfig, n: int, timeout: float = 180.0) -> float:
+    """events/s at which faust hands the records of effects.events to an agent doing nothing."""
+    out = Path(tempfile.mkdtemp()) / "rate"
+    env = dict(os.environ, FAUST_CEILING_OUT=str(out))
+    cmd = [sys.executable, "-m", "tests.bench.faust_ceiling", "--bootstrap", cfg.bootstrap,
+           "--topic", cfg.topics.events, "--count", str(n)]  # fmt: skip
+    subprocess.run(cmd, env=env, timeout=timeout, capture_output=True, check=False)
+    return float(out.read_text()) if out.exists() else float("nan")
+
+
 def start_processor(ctx: Context, cfg: KafkaConfig, wd: Path, tag: str) -> Processor:
     proc = Processor(cfg, wd / f"data-{tag}")
     proc.start()
@@ -132,6 +147,7 @@ def run_throughput(ctx: Context) -> BenchResult:
         raw_what="bare consumer: decode + apply into a dict, events/s",
     )  # fmt: skip
     startup, completed, cpu_ms, counts = [], [], [], []
+    ceiling: list[float] = []
     for rep in range(ctx.reps):
         cfg = ctx.kafka("proc")
         t = time.monotonic()
@@ -139,6 +155,7 @@ def run_throughput(ctx: Context) -> BenchResult:
         ctx.progress(f"processor rep {rep + 1}/{ctx.reps}: {events} events written in {time.monotonic() - t:.1f} s")
         raw = raw_fold(cfg, events)
         m.raw_limit_runs.append(raw)
+        ceiling.append(faust_ceiling(cfg, events))
         wm = Watermarks(cfg, cfg.topics.state)
         try:
             t_start = time.monotonic()
@@ -179,7 +196,12 @@ def run_throughput(ctx: Context) -> BenchResult:
         "worker_cpu_ms_per_event": cpu_ms,
         "store": "rocksdb://",
         "partitions": ctx.partitions,
+        # faust itself, delivering the same records to an agent that does nothing with them
+        "faust_bare_events_per_s": ceiling,
     }
+    ctx.progress(
+        f"processor: faust's own ceiling here (an agent that does nothing): {fmt(statistics.median(ceiling))} events/s"
+    )
     ctx.shared["processor_events_per_s"] = m.median
     return BenchResult("processor_throughput", "ran", [m], info={"events_per_effect": EVENTS_PER_EFFECT})
 
