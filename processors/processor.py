@@ -165,6 +165,19 @@ class LedgerProcessor:
             partitions=k.partitions,
             key_type=str,
             value_type=bytes,  # the store picks the "raw" codec for bytes: our own encoding, untouched
+            # RocksDB's defaults are per partition (a 64 MB write buffer x 3, a 2 GB block cache):
+            # far more than a table of small values needs, and resident memory grows into them.
+            options=(
+                {
+                    "driver": "rocksdict",
+                    "write_buffer_size": 8 << 20,
+                    "max_write_buffer_number": 2,
+                    "block_cache_size": 64 << 20,
+                    "block_cache_compressed_size": 16 << 20,
+                }
+                if settings.store.startswith("rocksdb")
+                else None
+            ),
         )
         # key -> (partition, due_ms, last_sent_ms): this worker's effects that need the timer.
         self.index: dict[str, tuple[int, int, int]] = {}

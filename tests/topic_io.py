@@ -71,7 +71,7 @@ class TopicReader:
             except DecodeError:
                 value = None
             ts = m.timestamp()[1]
-            got.append(Record(m.topic(), m.partition(), m.offset(), ts, m.key(), raw, value))
+            got.append(Record(self.topic, int(m.partition() or 0), int(m.offset() or 0), ts, m.key(), raw, value))
         self.records.extend(got)
         return got
 
