@@ -62,6 +62,7 @@ from tests.bench.common import (
     ROOT,
     BenchResult,
     Context,
+    Headers,
     Metric,
     Watermarks,
     bare_producer,
@@ -76,6 +77,7 @@ EVENTS_PER_EFFECT = 3
 STEP_MS = 3  # one effect begins every 3 ms; its intent at +0, execution and receipt at +2
 DEADLINE_MS = 30_000
 MAX_REPS = 3  # a full repetition replays 1,000,000 events three times (about 2 minutes here)
+FLUSH_TIMEOUT = 120.0
 HEAP_PROBE_EFFECTS = 50_000  # tracemalloc slows the fold: its probe replays only the last ones
 # What processors.ops.sources._consumer sets: the raw consumer fetches like the replay does.
 FETCH = {"fetch.max.bytes": 52_428_800, "queued.max.messages.kbytes": 262_144}
@@ -132,7 +134,9 @@ def fill(cfg: KafkaConfig, n_effects: int) -> Window:
     base = now_ms() - span - 10 * 60 * 1000  # all in the past: every deadline passed, nothing stuck
     p = bare_producer(cfg)
     topic = cfg.topics.events
-    headers = {cls: [(HEADER, codec.schema_name(cls).encode())] for cls in (Intent, Executed, Receipt)}
+    headers: dict[type, Headers] = {
+        cls: [(HEADER, codec.schema_name(cls).encode())] for cls in (Intent, Executed, Receipt)
+    }
     errors: list[str] = []
 
     def report(err: KafkaError | None, _msg: Any) -> None:
@@ -157,8 +161,10 @@ def fill(cfg: KafkaConfig, n_effects: int) -> Window:
             last = e.at_ms
         if n % 3000 == 0:
             p.poll(0)
-    while p.flush(1.0) > 0:
-        pass
+    deadline = time.monotonic() + FLUSH_TIMEOUT
+    while (left := p.flush(1.0)) > 0:
+        if time.monotonic() > deadline:  # message.timeout.ms is 0: librdkafka would retry forever
+            raise TimeoutError(f"{left} events still undelivered {FLUSH_TIMEOUT:.0f} s after the last produce")
     if errors:
         raise RuntimeError(f"{len(errors)} events not delivered: {errors[:3]}")
     return Window(base, base + span, last, n_effects, n)
@@ -207,7 +213,7 @@ def raw_replay(cfg: KafkaConfig, start_ms: int, timeout: float) -> tuple[int, Ti
             for m in c.consume(max(1, min(10_000, left - n)), 1.0):
                 if m.error() is not None:
                     raise RuntimeError(f"raw replay: {m.error()}")
-                p, off = m.partition(), m.offset()
+                p, off = m.partition() or 0, m.offset() or 0
                 if p not in remaining or off >= ends[p]:
                     continue
                 decode(m.value())
