@@ -336,7 +336,7 @@ class LedgerProcessor:
         topic = self.events.get_topic_name()
         tps = [TP(topic, p) for p in sorted(assigned)]
         now = int(time.time() * 1000)
-        hws = await self.app.consumer.highwaters(*tps) if tps else {}
+        hws = await self._highwaters(tps)
         for tp in tps:
             samples = self._hw_samples.setdefault(tp.partition, ([], []))
             samples[0].append(now)
@@ -371,6 +371,25 @@ class LedgerProcessor:
                     )
                 self.index[key] = (partition, due, now)
 
+    async def _highwaters(self, tps: list[TP]) -> dict[TP, int]:
+        """The high watermarks the consumer learnt from its last fetch responses (no round trip:
+        a timer that asks the broker every 250 ms overlaps itself); asked only for a partition
+        that has not been fetched yet."""
+        out: dict[TP, int] = {}
+        missing = []
+        for tp in tps:
+            try:
+                hw = self.app.consumer.highwater(tp)
+            except Exception:
+                hw = None
+            if hw is None or hw < 0:
+                missing.append(tp)
+            else:
+                out[tp] = int(hw)
+        if missing:
+            out.update({tp: int(v or 0) for tp, v in (await self.app.consumer.highwaters(*missing)).items()})
+        return out
+
     def _rebuild_index(self, assigned: frozenset[int]) -> None:
         n = self.s.kafka.partitions
         index = {}
@@ -382,6 +401,16 @@ class LedgerProcessor:
                     index[key] = (p, due, 0)
         self.index = index
         self._indexed_assignment = assigned
+        # Everything before a partition's committed offset was folded before the commit (faust
+        # commits after processing): count it as processed, or a partition with nothing new to
+        # read would look lagging for ever, to lookups and to the deadline gate. (faust keeps the
+        # offsets it sought to after the rebalance in Consumer._committed_offset.)
+        topic = self.events.get_topic_name()
+        committed = getattr(self.app.consumer, "_committed_offset", {})
+        for p in assigned:
+            c = committed.get(TP(topic, p))
+            if c:
+                self.processed[p] = max(self.processed.get(p, -1), int(c) - 1)
         log.info("deadline index rebuilt: %d open effects on partitions %s", len(index), sorted(assigned))
 
     # -- lookup ----------------------------------------------------------------------------

@@ -355,9 +355,11 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
                 for k in want_states
                 if k in latest and latest[k] != want_states[k]
             }
+            asked = lookup_all(proc, [*missing[:5], *list(stale)[:5]])
+            table = {k: (status, body.get("state"), body.get("version")) for k, (status, body) in asked.items()}
             pytest.fail(f"effects.state after kill -9: {len(missing)} keys missing {missing[:5]}, "
                         f"{len(stale)} stale (published state, version; expected state, version) "
-                        f"{dict(list(stale.items())[:5])}")  # fmt: skip
+                        f"{dict(list(stale.items())[:5])}; the processor's table (lookup) has {table}")  # fmt: skip
         assert not [v for v in uncertain.values() if v.effect_id in keys["far"] or v.effect_id in keys["confirmed"]]
 
 
