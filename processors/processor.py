@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import faust
 from faust.types import TP
@@ -204,11 +205,6 @@ class LedgerProcessor:
 
         processor = self
 
-        async def local_lookup(view: View, request: Request, key: str) -> Response:
-            return await processor.lookup(view, key)
-
-        routed = app.table_route(table=self.table, match_info="key")(local_lookup)  # type: ignore[arg-type]
-
         @app.page("/effects/{key}")
         class EffectPage(View):
             async def get(self, request: Request, key: str) -> Response:
@@ -216,11 +212,12 @@ class LedgerProcessor:
                 # can say whether the table is complete.
                 if not processor.ready:
                     return self.json({"lagging": True, "reason": "the processor is starting"}, status=503)
-                try:
-                    return await routed(self, request, key=key)  # type: ignore[call-arg, no-any-return]
-                except Exception as e:  # a rebalance in progress: the owner is not known right now
-                    log.warning("lookup of %s not routable: %s", key, e)
-                    return self.json({"lagging": True, "reason": f"not routable now: {e}"}, status=503)
+                p = partition_for(key.encode(), processor.s.kafka.partitions)
+                if p in processor._assigned():
+                    return await processor.lookup(self, key)
+                if request.query.get("owner-only"):
+                    return self.json({"not_owner": True, "partition": p}, status=421)
+                return await processor.forward(self, key, p)
 
         @app.page("/health")
         class Health(View):
@@ -347,7 +344,7 @@ class LedgerProcessor:
         for key, (partition, due, sent) in list(self.index.items()):
             times, marks = self._hw_samples.get(partition, ([], []))
             i = bisect.bisect_left(times, due + self.s.grace_ms)
-            if i == len(times) or self.processed.get(partition, -1) < marks[i] - 1:
+            if i == len(times) or self.folded_through(partition) < marks[i] - 1:
                 continue  # not due yet, or events from before the deadline are still unfolded
             if due + self.s.grace_ms > now or (sent and now - sent < resend_after):
                 continue
@@ -405,15 +402,43 @@ class LedgerProcessor:
         # commits after processing): count it as processed, or a partition with nothing new to
         # read would look lagging for ever, to lookups and to the deadline gate. (faust keeps the
         # offsets it sought to after the rebalance in Consumer._committed_offset.)
-        topic = self.events.get_topic_name()
-        committed = getattr(self.app.consumer, "_committed_offset", {})
         for p in assigned:
-            c = committed.get(TP(topic, p))
-            if c:
-                self.processed[p] = max(self.processed.get(p, -1), int(c) - 1)
+            self.processed[p] = self.folded_through(p)
         log.info("deadline index rebuilt: %d open effects on partitions %s", len(index), sorted(assigned))
 
+    def folded_through(self, partition: int) -> int:
+        """The last offset of ``effects.events[partition]`` known to be in the table: what this
+        worker folded, or what the group committed (faust commits only after processing; it
+        keeps the offsets in Consumer._committed_offset after seeking there on assignment)."""
+        done = self.processed.get(partition, -1)
+        committed = getattr(self.app.consumer, "_committed_offset", {}).get(TP(self.events.get_topic_name(), partition))
+        return max(done, int(committed) - 1) if committed else done
+
     # -- lookup ----------------------------------------------------------------------------
+
+    async def forward(self, view: View, key: str, partition: int) -> Response:
+        """Ask the other workers for a key this one does not own. The owner is found by asking:
+        it is whoever owns the key's partition of effects.events (faust's own table routing goes
+        by the changelog's assignment, which is not always the same worker)."""
+        import aiohttp
+
+        own = self.app.conf.canonical_url
+        urls = {str(u) for u in getattr(self.app.assignor, "_tps_url", {}).values()} - {str(own)}
+        timeout = aiohttp.ClientTimeout(total=self.s.lookup_bound_s + 5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            for url in sorted(urls):
+                try:
+                    async with session.get(
+                        f"{url.rstrip('/')}/effects/{quote(key, safe='')}", params={"owner-only": "1"}
+                    ) as r:
+                        if r.status == 421:
+                            continue
+                        return view.json(await r.json(content_type=None), status=r.status)
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    continue
+        return view.json(
+            {"lagging": True, "partition": partition, "reason": "no worker owns the partition right now"}, status=503
+        )
 
     async def lookup(self, view: View, key: str) -> Response:
         p = partition_for(key.encode(), self.s.kafka.partitions)
@@ -421,10 +446,16 @@ class LedgerProcessor:
         hw = (await self.app.consumer.highwaters(tp)).get(tp, 0)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.s.lookup_bound_s
-        while self.processed.get(p, -1) < hw - 1:
+        while self.folded_through(p) < hw - 1:
             if loop.time() >= give_up:
                 return view.json(
-                    {"lagging": True, "partition": p, "high_watermark": hw, "processed": self.processed.get(p, -1)},
+                    {
+                        "lagging": True,
+                        "partition": p,
+                        "high_watermark": hw,
+                        "processed": self.folded_through(p),
+                        "owned": p in self._assigned(),
+                    },
                     status=503,
                 )
             await asyncio.sleep(0.01)
