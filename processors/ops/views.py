@@ -62,6 +62,10 @@ class Row:
     reason: str | None
 
 
+def _row_of_sql(r: sqlite3.Row) -> Row:
+    return Row(*(r[f] for f in Row.__dataclass_fields__))
+
+
 def _row_of_state(s: EffectState) -> Row:
     return Row(s.effect_id, s.state.value, s.target, s.operation, s.attempt, s.created_ms, s.updated_ms, s.reason)
 
@@ -80,19 +84,7 @@ def stuck(
                 "ORDER BY created_ms",
                 (*states, cutoff),
             ).fetchall()
-        return [
-            Row(
-                r["effect_id"],
-                r["state"],
-                r["target"],
-                r["operation"],
-                r["attempt"],
-                r["created_ms"],
-                r["updated_ms"],
-                r["reason"],
-            )
-            for r in rows
-        ]
+        return [_row_of_sql(r) for r in rows]
     assert cfg is not None
     found = [s for s in latest_states(cfg).values() if s.state in INTERMEDIATE and s.created_ms < cutoff]
     return [_row_of_state(s) for s in sorted(found, key=lambda s: s.created_ms)]
@@ -110,19 +102,7 @@ def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> lis
     if db is not None:
         with read_only(db) as conn:
             rows = conn.execute("SELECT * FROM effects WHERE state = 'ESCALATED' ORDER BY created_ms").fetchall()
-        base = {
-            r["effect_id"]: Row(
-                r["effect_id"],
-                r["state"],
-                r["target"],
-                r["operation"],
-                r["attempt"],
-                r["created_ms"],
-                r["updated_ms"],
-                r["reason"],
-            )
-            for r in rows
-        }
+        base = {r["effect_id"]: _row_of_sql(r) for r in rows}
         records: Iterable[Event] = (r.event for r in db_events(db) if r.event and r.event.effect_id in base)
     else:
         assert cfg is not None
