@@ -1,8 +1,9 @@
 """The ledger processor: folds ``effects.events`` into a table of effects (faust-streaming).
 
-Per event, in this order (faust commits the source offset only after the sends attached to the
-event are acknowledged — at-least-once; the fold is idempotent, so a replayed event changes
-nothing):
+Per event, in this order (at-least-once: faust commits source offsets periodically, so after a
+crash the events since the last commit are delivered again; the fold ignores what it has seen, and
+a replayed event re-sends its table record and state, in case the crash came before they were
+delivered):
 
 1. decode; a record that cannot be decoded, or whose key is not its effect_id, goes to
    ``effects.dlq`` with the reason, and processing continues;
@@ -264,7 +265,19 @@ class LedgerProcessor:
             await self.dead_letter(msg, f"cannot apply: {type(e).__name__}: {e}")
             return
         if after is before:
-            return  # a duplicate (at-least-once delivery): nothing changed
+            # Already folded — most often a replay after a crash, which may have come after the
+            # table write but before its changelog record and the state were delivered. Both
+            # writes are idempotent: write them again rather than risk them being lost.
+            if previous is not None:
+                self.table[key] = previous
+                st = to_state(before)
+                await self.state_topic.send(
+                    key=key.encode(),
+                    value=self.codec.encode(st, validate=False),
+                    headers=[self.codec.header(st)],
+                    partition=msg.partition,
+                )
+            return
         due = due_of(after, self.s.backoff, self.s.first_check_ms)
         value = append_packed(previous, bytes(event.value), due)
         self.table[key] = value
