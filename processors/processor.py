@@ -69,18 +69,8 @@ def unpack_due(value: bytes) -> int | None:
     return None if due < 0 else int(due)
 
 
-def unpack(value: bytes, decode: Any) -> Effect | None:
-    effect: Effect | None = None
-    pos = _HEADER.size
-    while pos < len(value):
-        (n,) = _LEN.unpack_from(value, pos)
-        pos += _LEN.size
-        effect, _ = apply(effect, decode(value[pos : pos + n]))
-        pos += n
-    return effect
-
-
 def encoded_events(value: bytes) -> list[bytes]:
+    """The events of a table value, each as its Avro single-object bytes."""
     out = []
     pos = _HEADER.size
     while pos < len(value):
@@ -89,6 +79,13 @@ def encoded_events(value: bytes) -> list[bytes]:
         out.append(value[pos : pos + n])
         pos += n
     return out
+
+
+def unpack(value: bytes, decode: Any) -> Effect | None:
+    effect: Effect | None = None
+    for body in encoded_events(value):
+        effect, _ = apply(effect, decode(body))
+    return effect
 
 
 def due_of(effect: Effect, backoff: Backoff, first_check_ms: int) -> int | None:

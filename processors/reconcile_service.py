@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from streams.codec import DecodeError, default_codec
 from streams.config import KafkaConfig
 from streams.model import DeadLetter, Resolution, UncertainEffect
-from streams.reconcile import Answer, Target, Unknown, judge, retention_passed, view_of_uncertain
+from streams.reconcile import Answer, Target, Unknown, judge, only_the_agent_can_ask, view_of_uncertain
 from streams.relay import producer_config
 
 log = logging.getLogger("effect_ledger.reconcilers")
@@ -144,8 +144,7 @@ class ReconcileService:
                     answer = await asyncio.wait_for(target.reconciler.check(v), 30)
                 except Exception as e:  # a failing reconciler is an unknown answer
                     answer = Unknown(f"{type(e).__name__}: {e}")
-        elif target.honours_keys and not retention_passed(v, target, _now()):
-            # Only the agent, which holds the call, can ask this destination (by replaying the key).
+        elif only_the_agent_can_ask(v, target, _now()):
             self.stats.skipped += 1
             return None
         else:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from streams.effect import Effect
 from streams.ledger import Ledger
 from streams.model import State
-from streams.reconcile import Target, retention_passed
+from streams.reconcile import Target, only_the_agent_can_ask
 
 log = logging.getLogger("effect_ledger.runner")
 
@@ -65,7 +65,7 @@ class Runner:
             if effect is None:
                 continue
             target = self.ledger.target(effect.intent.target if effect.intent else key.split(":", 1)[0])
-            if target.reconciler is None and target.honours_keys and not retention_passed(effect, target, now):
+            if only_the_agent_can_ask(effect, target, now):
                 # Only the agent, which holds the call, can ask this destination (by replaying the
                 # key). Look again when its retention is over, then escalate.
                 later = _retention_end(effect, target) or now + target.backoff.delay_ms(target.backoff.max_tries)

@@ -157,6 +157,13 @@ def retention_passed(effect: Effect | EffectView, target: Target, now_ms: int) -
     return now_ms - effect.intent_at_ms > target.retention_s * 1000
 
 
+def only_the_agent_can_ask(effect: Effect | EffectView, target: Target, now_ms: int) -> bool:
+    """A destination without a reconciler that honours keys can only be asked by replaying the
+    key, which needs the call: services leave such an effect to the agent while the key is
+    remembered (its retention), and escalate it after."""
+    return target.reconciler is None and target.honours_keys and not retention_passed(effect, target, now_ms)
+
+
 def previous_tries(effect: Effect) -> int:
     return max((r.tries for r in effect.resolutions if r.attempt == effect.attempt), default=0)
 
