@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -e ".[dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -e ".[kafka,processor,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -52,8 +52,13 @@ test-crash: venv
 bench: venv
 	@bash scripts/with-kafka.sh $(PY) -m tests.bench $(BENCH_ARGS)
 
+# mypy reads the installed layout (effect_ledger.streams -> streams/, ...) from a tree of links,
+# since it cannot see through the editable install's import hook.
 lint: venv
-	@$(VENV)/bin/ruff check schemas streams processors tests
+	@$(VENV)/bin/ruff check effect_ledger schemas streams processors tests
+	@rm -rf .typecheck && mkdir -p .typecheck/effect_ledger
+	@for f in effect_ledger/*; do ln -s "$(CURDIR)/$$f" .typecheck/effect_ledger/; done
+	@for d in schemas streams processors; do ln -s "$(CURDIR)/$$d" .typecheck/effect_ledger/$$d; done
 	@$(VENV)/bin/mypy
 
 kafka-fetch:
@@ -70,4 +75,4 @@ kafka-status:
 
 clean:
 	@bash scripts/kafka.sh down >/dev/null 2>&1 || true
-	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache bench-results.json
+	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache .typecheck build bench-results.json

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from streams.config import KafkaConfig
+from effect_ledger.streams.config import KafkaConfig
 
 console = Console(highlight=False)
 
@@ -57,10 +57,10 @@ def main(verbose: bool) -> None:
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
     """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
     if kafka:
-        from processors.demo.story_kafka import run_kafka_demo
+        from effect_ledger.processors.demo.story_kafka import run_kafka_demo
 
         sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout))
-    from processors.demo.story import run_demo
+    from effect_ledger.processors.demo.story import run_demo
 
     sys.exit(run_demo(console, timeout=timeout))
 
@@ -76,7 +76,7 @@ def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | N
     """Create the topics (idempotent); effects.state is compacted."""
     from confluent_kafka import KafkaException
 
-    from streams.admin import BrokerUnavailable, ensure_topics, wait_ready
+    from effect_ledger.streams.admin import BrokerUnavailable, ensure_topics, wait_ready
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
@@ -95,7 +95,7 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
     """List the cluster's topics with their partition counts."""
     from confluent_kafka import KafkaException
 
-    from streams.admin import BrokerUnavailable, list_topics, wait_ready
+    from effect_ledger.streams.admin import BrokerUnavailable, list_topics, wait_ready
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
@@ -113,36 +113,23 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
 
 
 def target_options(fn: Any) -> Any:
-    fn = click.option(
+    return click.option(
         "--targets",
-        "targets_module",
-        metavar="MODULE:NAME",
-        default=None,
-        help="a list of streams.reconcile.Target objects to load",
+        "targets_spec",
+        metavar="FILE",
+        envvar="EFFECTS_TARGETS",
+        required=True,
+        help="the targets declaration: a TOML file (or package.module:NAME) [env EFFECTS_TARGETS]",
     )(fn)
-    fn = click.option(
-        "--honours-keys",
-        "honours_keys",
-        multiple=True,
-        metavar="TARGET",
-        help="the target deduplicates idempotency keys; repeatable",
-    )(fn)
-    fn = click.option(
-        "--reconciler",
-        "reconcilers",
-        multiple=True,
-        metavar="TARGET=URL",
-        help="an HTTP reconciler for a target, URL with {key}; repeatable",
-    )(fn)
-    return fn
 
 
-def _targets(reconcilers: tuple[str, ...], honours_keys: tuple[str, ...], module: str | None) -> dict[str, Any]:
-    from processors.targets import TargetSpecError, parse_targets
+def _targets(spec: str) -> dict[str, Any]:
+    from effect_ledger.streams.errors import TargetsError
+    from effect_ledger.streams.targets import load_targets
 
     try:
-        return parse_targets(reconcilers, honours_keys, module)
-    except TargetSpecError as e:
+        return {t.name: t for t in load_targets(spec)}
+    except TargetsError as e:
         _fail(str(e))
         raise
 
@@ -154,17 +141,15 @@ def _targets(reconcilers: tuple[str, ...], honours_keys: tuple[str, ...], module
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
 def run(
     db: str,
-    reconcilers: tuple[str, ...],
-    honours_keys: tuple[str, ...],
-    targets_module: str | None,
+    targets_spec: str,
     interval: float,
     once: bool,
 ) -> None:
     """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
-    from processors.runner import Runner
-    from streams.ledger import Ledger
+    from effect_ledger.processors.runner import Runner
+    from effect_ledger.streams.ledger import Ledger
 
-    targets = list(_targets(reconcilers, honours_keys, targets_module).values())
+    targets = list(_targets(targets_spec).values())
 
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
@@ -212,8 +197,8 @@ def worker(
     effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
     from pathlib import Path
 
-    from processors.worker import run_worker
-    from streams.admin import BrokerUnavailable, ensure_topics, wait_ready
+    from effect_ledger.processors.worker import run_worker
+    from effect_ledger.streams.admin import BrokerUnavailable, ensure_topics, wait_ready
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
@@ -221,7 +206,7 @@ def worker(
         ensure_topics(cfg)
     except (BrokerUnavailable, ValueError) as e:
         _fail(str(e))
-    from processors.processor import ProcessorSettings
+    from effect_ledger.processors.processor import ProcessorSettings
 
     settings = ProcessorSettings(
         kafka=cfg,
@@ -245,20 +230,18 @@ def reconcile(
     bootstrap: str | None,
     prefix: str | None,
     partitions: int | None,
-    reconcilers: tuple[str, ...],
-    honours_keys: tuple[str, ...],
-    targets_module: str | None,
+    targets_spec: str,
     group: str,
 ) -> None:
     """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
     Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
     import signal
 
-    from processors.reconcile_service import ReconcileService
-    from streams.admin import BrokerUnavailable, wait_ready
+    from effect_ledger.processors.reconcile_service import ReconcileService
+    from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 
     cfg = _kafka(bootstrap, prefix, partitions)
-    targets = _targets(reconcilers, honours_keys, targets_module)
+    targets = _targets(targets_spec)
     try:
         wait_ready(cfg, timeout=30)
     except BrokerUnavailable as e:
@@ -281,9 +264,9 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
     from rich.progress import Progress
 
-    from streams.admin import BrokerUnavailable, wait_ready
-    from streams.relay import Relay
-    from streams.store import Store
+    from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
+    from effect_ledger.streams.relay import Relay
+    from effect_ledger.streams.store import Store
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
@@ -307,7 +290,7 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
 
 
 def _register_ops() -> None:
-    from processors.cli_ops import register
+    from effect_ledger.processors.cli_ops import register
 
     register(main)
 

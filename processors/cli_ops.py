@@ -1,6 +1,6 @@
 """``effects audit | trace | stuck | tail | escalations | resolve | sink``: the operator and
 auditor commands. Each reads an embedded ledger (``--db FILE``) or the Kafka topics (the Kafka
-options), calls ``processors.ops`` and prints a table, or JSON/CSV for machines."""
+options), calls ``effect_ledger.processors.ops`` and prints a table, or JSON/CSV for machines."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from processors.ops.sources import SourceError
-from processors.ops.timeparse import TimeSpecError, duration_ms, iso, time_ms
-from streams.admin import BrokerUnavailable, wait_ready
-from streams.config import KafkaConfig
+from effect_ledger.processors.ops.sources import SourceError
+from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.timeparse import TimeSpecError, duration_ms, iso, time_ms
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -115,9 +115,9 @@ def audit(
     """Replay effects.events for a window, fold it fresh, and check it: keyed writes, recorded
     outcomes, receipts, uncertain, resolved by reconciliation, duplicates, stuck, and the
     sent-but-unrecorded window (p50/p99/max), overall and per target."""
-    from processors.ops.audit import audit as run_audit
-    from processors.ops.sources import db_events, replay_events
-    from processors.ops.views import now_ms
+    from effect_ledger.processors.ops.audit import audit as run_audit
+    from effect_ledger.processors.ops.sources import db_events, replay_events
+    from effect_ledger.processors.ops.views import now_ms
 
     with user_errors():
         now = now_ms()
@@ -183,7 +183,7 @@ def audit(
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
 def trace(key: str, db: str | None, bootstrap: str | None, prefix: str | None, as_json: bool) -> None:
     """The timeline of one effect: every event with its time and source, the windows, the state."""
-    from processors.ops.views import trace as run_trace
+    from effect_ledger.processors.ops.views import trace as run_trace
 
     with user_errors():
         cfg = None if db is not None else kafka_of(bootstrap, prefix)
@@ -241,7 +241,7 @@ def trace(key: str, db: str | None, bootstrap: str | None, prefix: str | None, a
 def stuck(db: str | None, bootstrap: str | None, prefix: str | None, older_than: str, as_json: bool) -> None:
     """Effects sitting in an intermediate state (PENDING, EXECUTED, UNCERTAIN, ESCALATED) longer
     than --older-than. Exits 3 when there are any (for cron jobs and CI checks), 0 when none."""
-    from processors.ops.views import stuck as find_stuck
+    from effect_ledger.processors.ops.views import stuck as find_stuck
 
     with user_errors():
         cfg = None if db is not None else kafka_of(bootstrap, prefix)
@@ -286,8 +286,8 @@ def tail(
 
     from confluent_kafka import Consumer
 
-    from streams.codec import DecodeError, default_codec
-    from streams.model import State
+    from effect_ledger.streams.codec import DecodeError, default_codec
+    from effect_ledger.streams.model import State
 
     with user_errors():
         for s in states:
@@ -342,7 +342,7 @@ def tail(
 def escalations(db: str | None, bootstrap: str | None, prefix: str | None, as_json: bool) -> None:
     """The escalation queue: ESCALATED effects with their evidence (attempts, reconciler answers).
     Decide with `effects resolve`."""
-    from processors.ops.views import escalations as find
+    from effect_ledger.processors.ops.views import escalations as find
 
     with user_errors():
         cfg = None if db is not None else kafka_of(bootstrap, prefix)
@@ -394,7 +394,7 @@ def resolve(
     """Record a person's decision on an effect; the SDK honours it on its next attempt."""
     import asyncio
 
-    from streams.model import DecisionKind
+    from effect_ledger.streams.model import DecisionKind
 
     if verdict is None:
         fail("say what happened: --confirmed --receipt ID, --absent, --abandon or --compensated")
@@ -403,8 +403,8 @@ def resolve(
     kind = DecisionKind(str(verdict))
     with user_errors():
         if db is not None:
-            from processors.ops.views import read_only
-            from streams.ledger import Ledger
+            from effect_ledger.processors.ops.views import read_only
+            from effect_ledger.streams.ledger import Ledger
 
             read_only(db).close()  # refuses a missing file or one that is not a ledger, without writing to it
 
@@ -418,7 +418,7 @@ def resolve(
             state = asyncio.run(go())
             click.echo(f"{key}: decision {kind.value} recorded by {by}; state {state}")
         else:
-            from processors.ops.views import decide
+            from effect_ledger.processors.ops.views import decide
 
             d = decide(key, kind, by, reason, receipt, cfg=kafka_of(bootstrap, prefix))
             click.echo(f"{key}: decision {kind.value} (attempt {d.attempt}) written to effects.events by {by}")
@@ -432,7 +432,7 @@ def resolve(
 def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool) -> None:
     """Materialise effects.state into a SQL table `effects` (indexed by state and update time), with
     the consumed offsets in the same transaction: a restart neither loses nor doubles a row."""
-    from processors.ops.sink import StateSink
+    from effect_ledger.processors.ops.sink import StateSink
 
     with user_errors():
         cfg = kafka_of(bootstrap, prefix)

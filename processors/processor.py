@@ -7,7 +7,7 @@ delivered):
 
 1. decode; a record that cannot be decoded, or whose key is not its effect_id, goes to
    ``effects.dlq`` with the reason, and processing continues;
-2. fold it into the effect (``streams.effect.apply``) and write the table (RocksDB, changelog
+2. fold it into the effect (``effect_ledger.streams.effect.apply``) and write the table (RocksDB, changelog
    topic co-partitioned with ``effects.events``);
 3. publish the new state to ``effects.state`` (compacted) and, when the effect has just become
    uncertain, an ``UncertainEffect`` to ``effects.uncertain``.
@@ -40,12 +40,12 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
-from streams import codec as codec_mod
-from streams.config import KafkaConfig
-from streams.effect import Effect, apply, expire, to_state, uncertain_event
-from streams.model import DeadLetter, State
-from streams.partition import partition_for
-from streams.reconcile import Backoff
+from effect_ledger.streams import codec as codec_mod
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncertain_event
+from effect_ledger.streams.model import DeadLetter, State
+from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.reconcile import Backoff
 
 log = logging.getLogger("effect_ledger.processor")
 

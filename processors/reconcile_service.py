@@ -1,7 +1,7 @@
 """Reconciliation consumers: a consumer group on ``effects.uncertain``.
 
 For each uncertain effect: ask the target's reconciler, judge the answer
-(``streams.reconcile.judge``: found -> CONFIRMED, absent -> ABSENT, unknown -> retried with
+(``effect_ledger.streams.reconcile.judge``: found -> CONFIRMED, absent -> ABSENT, unknown -> retried with
 backoff by the processor, then ESCALATED), and write the resolution to ``effects.events``.
 
 Order of durable writes, per batch: produce every resolution, wait for their delivery reports,
@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
-from streams.codec import DecodeError, default_codec
-from streams.config import KafkaConfig
-from streams.model import DeadLetter, Resolution, UncertainEffect
-from streams.reconcile import Answer, Target, Unknown, judge, only_the_agent_can_ask, view_of_uncertain
-from streams.relay import producer_config
+from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.model import DeadLetter, Resolution, UncertainEffect
+from effect_ledger.streams.reconcile import Answer, Target, Unknown, judge, only_the_agent_can_ask, view_of_uncertain
+from effect_ledger.streams.relay import producer_config
 
 log = logging.getLogger("effect_ledger.reconcilers")
 
@@ -133,11 +133,16 @@ class ReconcileService:
                 m.value(),
             )
             return self.cfg.topics.dlq, dl
-        target = self.targets.get(u.target) or Target(u.target or "unknown")
+        declared = self.targets.get(u.target)
+        target = declared or Target(u.target or "unknown")
         v = view_of_uncertain(u)
         answer: Answer | None
         name = "none"
-        if target.reconciler is not None:
+        if declared is None:
+            # Asked again after a backoff (time to fix the declaration), then escalated.
+            name = "undeclared"
+            answer = Unknown(f"target {u.target!r} is not declared in the reconcilers' targets; nobody was asked")
+        elif target.reconciler is not None:
             name = target.reconciler.name
             async with self._sem:
                 try:

@@ -3,7 +3,7 @@
 On every tick it (1) fires deadlines: an attempt still PENDING (or EXECUTED without a receipt)
 after its deadline plus a grace gets a Timeout event and becomes UNCERTAIN; (2) reconciles
 UNCERTAIN effects whose backoff has elapsed: found -> CONFIRMED, absent -> ABSENT, unknown ->
-retried with backoff, then ESCALATED (see ``streams.reconcile.judge``).
+retried with backoff, then ESCALATED (see ``effect_ledger.streams.reconcile.judge``).
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from streams.effect import Effect
-from streams.ledger import Ledger
-from streams.model import State
-from streams.reconcile import Target, only_the_agent_can_ask
+from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import State
+from effect_ledger.streams.reconcile import Target, only_the_agent_can_ask
 
 log = logging.getLogger("effect_ledger.runner")
 
@@ -64,7 +64,8 @@ class Runner:
             effect = await self.ledger.get(key)
             if effect is None:
                 continue
-            target = self.ledger.target(effect.intent.target if effect.intent else key.split(":", 1)[0])
+            name = effect.intent.target if effect.intent else key.split(":", 1)[0]
+            target = self.ledger.targets.get(name) or Target(name)  # undeclared: asked as unknown
             if only_the_agent_can_ask(effect, target, now):
                 # Only the agent, which holds the call, can ask this destination (by replaying the
                 # key). Look again when its retention is over, then escalate.

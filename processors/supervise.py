@@ -16,7 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
-from streams.config import KafkaConfig
+from effect_ledger.streams.config import KafkaConfig
 
 
 def free_port() -> int:
@@ -41,7 +41,7 @@ class Service:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processors.cli", *self.args],
+            [sys.executable, "-m", "effect_ledger", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=_env(),
@@ -132,7 +132,7 @@ class Processor(Service):
 
 
 class Reconcilers(Service):
-    """``effects reconcile`` with the given ``--reconciler``/``--honours-keys`` arguments."""
+    """``effects reconcile`` with the given arguments (``--targets FILE``)."""
 
     def __init__(self, cfg: KafkaConfig, workdir: Path, extra: list[str]) -> None:
         super().__init__(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import faust
 
-from processors.processor import LedgerProcessor, ProcessorSettings
+from effect_ledger.processors.processor import LedgerProcessor, ProcessorSettings
 
 
 def run_worker(settings: ProcessorSettings, loglevel: str = "warning") -> None:

@@ -134,7 +134,7 @@ up() {
   echo $! > "$pidfile"
   echo "kafka.sh: starting Kafka $KAFKA_VERSION (pid $(cat "$pidfile")) on 127.0.0.1:$port, log $run/kafka-server.log"
   [ -x "$python" ] || die "no project virtualenv at $python: run 'make venv' first"
-  if ! "$python" -m streams.admin wait --bootstrap "127.0.0.1:$port" --timeout 60; then
+  if ! "$python" -m effect_ledger.streams.admin wait --bootstrap "127.0.0.1:$port" --timeout 60; then
     running || { tail -30 "$log" >&2; tail -30 "$run/kafka-server.log" >&2 2>/dev/null; }
     down
     die "broker did not answer a metadata request within 60 s (logs in $run)"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streams.config import KafkaConfig
+from effect_ledger.streams.config import KafkaConfig
 
 
 class BrokerUnavailable(RuntimeError):
@@ -134,7 +134,7 @@ def delete_topics(cfg: KafkaConfig, names: list[str], timeout: float = 30.0) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m streams.admin", description="Wait for a Kafka broker.")
+    p = argparse.ArgumentParser(prog="python -m effect_ledger.streams.admin", description="Wait for a Kafka broker.")
     sub = p.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("wait", help="block until the broker answers a metadata request")
     w.add_argument("--bootstrap", default=None)
@@ -144,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         n = wait_ready(cfg, args.timeout)
     except BrokerUnavailable as e:
-        print(f"streams.admin: {e}", file=sys.stderr)
+        print(f"effect_ledger.streams.admin: {e}", file=sys.stderr)
         return 1
-    print(f"streams.admin: {cfg.bootstrap} answers ({n} broker{'s' if n != 1 else ''})")
+    print(f"effect_ledger.streams.admin: {cfg.bootstrap} answers ({n} broker{'s' if n != 1 else ''})")
     return 0
 
 

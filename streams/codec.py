@@ -21,8 +21,8 @@ from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
 from fastavro.validation import ValidationError
 from fastavro.validation import validate as _validate
 
-import schemas
-from streams import model
+from effect_ledger import schemas
+from effect_ledger.streams import model
 
 MAGIC = b"\xc3\x01"
 HEADER = "effect-ledger.schema"
@@ -82,7 +82,7 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
 
 
 class Codec:
-    """Encodes and decodes the records of ``streams.model`` with the schemas of ``schemas/``."""
+    """Encodes and decodes the records of ``effect_ledger.streams.model`` with the schemas of ``schemas/``."""
 
     def __init__(self) -> None:
         self._writers: dict[type, _Writer] = {}

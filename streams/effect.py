@@ -31,7 +31,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from streams.model import (
+from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
     EffectState,

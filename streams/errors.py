@@ -72,3 +72,16 @@ class LedgerUnavailable(LedgerError):
 class LedgerLagging(LedgerUnavailable):
     """The processor has not yet consumed every event Kafka acknowledged before the lookup began:
     answering now could miss one, so the SDK refuses to guess."""
+
+
+class UnknownTarget(InvalidEffect):
+    """``execute`` named a target that was not declared (``targets=`` / the targets file)."""
+
+
+class TargetsError(LedgerError):
+    """The targets declaration is missing or malformed; the message names the file and the line."""
+
+
+class StorageError(LedgerError):
+    """The ledger file could not be read or written (disk full, a corrupt page, not a ledger file).
+    ``__cause__`` is the database error."""

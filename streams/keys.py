@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any
 
-from streams.errors import InvalidEffect
+from effect_ledger.streams.errors import InvalidEffect
 
 DEFAULT_NAMESPACE = "default"
 MAX_KEY_LENGTH = 255  # what common payment and ticket APIs accept as an idempotency key

@@ -33,10 +33,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from streams import crashpoints
-from streams.config import KafkaConfig
-from streams.effect import Effect, expire
-from streams.errors import (
+from effect_ledger.streams import crashpoints
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import Effect, expire
+from effect_ledger.streams.errors import (
     EffectClosed,
     EffectConflict,
     EffectInProgress,
@@ -44,9 +44,10 @@ from streams.errors import (
     InvalidEffect,
     LedgerClosed,
     LedgerUnavailable,
+    UnknownTarget,
 )
-from streams.keys import DEFAULT_NAMESPACE, canonical_json, check_key, check_name, digest, effect_key
-from streams.model import (
+from effect_ledger.streams.keys import DEFAULT_NAMESPACE, canonical_json, check_key, check_name, digest, effect_key
+from effect_ledger.streams.model import (
     OPEN_STATES,
     Decision,
     DecisionKind,
@@ -60,12 +61,23 @@ from streams.model import (
     State,
     Verdict,
 )
-from streams.reconcile import Absent, Answer, Found, Target, Unknown, judge, retention_passed, view
-from streams.store import Claim, ClaimOp, Durability, Loaded, Store, VersionConflict, owner_alive, worker_identity
+from effect_ledger.streams.reconcile import Absent, Answer, Found, Target, Unknown, judge, retention_passed, view
+from effect_ledger.streams.store import (
+    Claim,
+    ClaimOp,
+    Durability,
+    Loaded,
+    Store,
+    VersionConflict,
+    owner_alive,
+    worker_identity,
+)
+from effect_ledger.streams.targets import TargetsSpec
+from effect_ledger.streams.targets import resolve as resolve_targets
 
 if TYPE_CHECKING:
-    from streams.lookup import ProcessorLookup
-    from streams.relay import Relay
+    from effect_ledger.streams.lookup import ProcessorLookup
+    from effect_ledger.streams.relay import Relay
 
 Call = Callable[[str], Any]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -130,7 +142,7 @@ class Ledger:
         path: str,
         *,
         durability: Durability | str = Durability.NORMAL,
-        targets: tuple[Target, ...] | list[Target] = (),
+        targets: TargetsSpec = None,
         clock: Callable[[], int] = wall_clock_ms,
         default_timeout: float = 10.0,
         namespace: str = DEFAULT_NAMESPACE,
@@ -140,6 +152,11 @@ class Ledger:
         lookup: str | None = None,
     ) -> Ledger:
         """Open (or create) the ledger file.
+
+        ``targets``: the destinations this ledger may call, declared once (see
+        ``effect_ledger.streams.targets``): a targets TOML file, ``module:NAME``, a list of
+        ``Target``, or ``None`` for the file named by ``EFFECTS_TARGETS``. ``execute`` on a target
+        that is not declared raises ``UnknownTarget``.
 
         ``durability``: NORMAL survives a killed process, FULL survives power loss too (an fsync per
         write). ``clock`` returns epoch milliseconds.
@@ -151,12 +168,13 @@ class Ledger:
         processor's URL: a key this file does not know, or knows only as open, is looked up there
         first, so an agent restarted on another host sees what its predecessor did.
         """
+        declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
         store = await Store.open(path, Durability(durability))
         ledger = cls(store, clock, default_timeout, namespace)
-        for t in targets:
+        for t in declared:
             ledger.register(t)
         if kafka is not None:
-            from streams.relay import Relay
+            from effect_ledger.streams.relay import Relay
 
             cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
             ledger._relay = Relay(store, cfg)
@@ -164,7 +182,7 @@ class Ledger:
         ledger._sync = sync
         ledger._sync_timeout = sync_timeout
         if lookup is not None:
-            from streams.lookup import ProcessorLookup
+            from effect_ledger.streams.lookup import ProcessorLookup
 
             ledger._lookup = ProcessorLookup(lookup)
         return ledger
@@ -201,7 +219,20 @@ class Ledger:
         self._targets[target.name] = target
 
     def target(self, name: str) -> Target:
-        return self._targets.get(name) or Target(name)
+        """The declared target ``name``; ``UnknownTarget`` if it was not declared."""
+        t = self._targets.get(name)
+        if t is None:
+            declared = ", ".join(sorted(self._targets)) or "none"
+            raise UnknownTarget(
+                f"target {name!r} is not declared (declared: {declared}); declare how to ask it in the "
+                "targets file (Ledger.open(..., targets=...) or EFFECTS_TARGETS)"
+            )
+        return t
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The declared targets by name."""
+        return dict(self._targets)
 
     # -- the per-call decision ---------------------------------------------------------------
 
@@ -220,11 +251,12 @@ class Ledger:
     ) -> Confirmation:
         """Execute one external write at most once. ``call(key)`` is the write itself; it receives
         the idempotency key to hand to the destination. Give ``run_id`` and ``step`` (the key is
-        derived from them, see ``streams.keys.effect_key``) or your own ``key``."""
+        derived from them, see ``effect_ledger.streams.keys.effect_key``) or your own ``key``."""
         if self._store.closed:
             raise LedgerClosed(f"ledger {self._store.path} is closed")
         check_name("target", target)
         check_name("operation", operation)
+        self.target(target)  # undeclared: refused before anything is written
         ns = self._namespace if namespace is None else namespace
         for kind, value in (("run_id", run_id), ("step", step), ("namespace", ns)):
             if value is not None and (not isinstance(value, str) or not value):
@@ -376,9 +408,16 @@ class Ledger:
         effect = (await self._store.load(key)).effect
         if effect is None or effect.state not in OPEN_STATES:
             return effect
-        target = self.target(effect.intent.target if effect.intent else key.split(":", 1)[0])
-        answer, name = await self._ask(effect, target, call, self._default_timeout)
-        return (await self._record_answer(effect, target, answer, name))[0]
+        name = effect.intent.target if effect.intent else key.split(":", 1)[0]
+        declared = self._targets.get(name)
+        if declared is None:
+            # Nobody was told how to ask this destination: an unknown answer, so the effect is
+            # asked again after a backoff (time to fix the declaration) and then escalated.
+            target = Target(name)
+            unknown = Unknown(f"target {name!r} is not declared in this ledger's targets; nobody was asked")
+            return (await self._record_answer(effect, target, unknown, "undeclared"))[0]
+        answer, asked = await self._ask(effect, declared, call, self._default_timeout)
+        return (await self._record_answer(effect, declared, answer, asked))[0]
 
     async def _record_answer(
         self, effect: Effect, target: Target, answer: Answer | None, name: str
@@ -554,23 +593,16 @@ class Ledger:
         destination returned, from the call or from the record."""
 
         def wrap(fn: F) -> Callable[..., Awaitable[Any]]:
-            op = operation or fn.__name__.replace("_", ".")
-            check_name("operation", op)
-            sig = inspect.signature(fn)
-            if key_arg not in sig.parameters:
-                raise InvalidEffect(f"{fn.__name__} must accept the idempotency key as keyword {key_arg!r}")
+            op, sig = self.check_wrapped(fn, operation, key_arg)
 
             @functools.wraps(fn)
             async def wrapper(
                 *args: Any, run_id: str | None = None, step: str | None = None, key: str | None = None, **kwargs: Any
             ) -> Any:
-                bound = sig.bind_partial(*args, **kwargs)
-                bound.apply_defaults()
-                request = {k: v for k, v in bound.arguments.items() if k != key_arg}
                 confirmation = await self.execute(
                     target=target,
                     operation=op,
-                    request=request,
+                    request=bind_request(sig, key_arg, args, kwargs),
                     run_id=run_id,
                     step=step,
                     key=key,
@@ -582,6 +614,23 @@ class Ledger:
             return wrapper
 
         return wrap
+
+    @staticmethod
+    def check_wrapped(fn: Callable[..., Any], operation: str | None, key_arg: str) -> tuple[str, inspect.Signature]:
+        """The operation name and signature of a function the decorator wraps (it must take the key)."""
+        op = operation or fn.__name__.replace("_", ".")
+        check_name("operation", op)
+        sig = inspect.signature(fn)
+        if key_arg not in sig.parameters:
+            raise InvalidEffect(f"{fn.__name__} must accept the idempotency key as keyword {key_arg!r}")
+        return op, sig
+
+
+def bind_request(sig: inspect.Signature, key_arg: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request of a decorated call: its arguments by name, defaults applied, without the key."""
+    bound = sig.bind_partial(*args, **kwargs)
+    bound.apply_defaults()
+    return {k: v for k, v in bound.arguments.items() if k != key_arg}
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,4 +651,4 @@ async def _maybe_await(value: Any) -> Any:
     return value
 
 
-__all__ = ["Ledger", "Confirmation", "Target", "Durability", "Found", "Absent", "Unknown"]
+__all__ = ["Ledger", "Confirmation", "bind_request"]

@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from streams.errors import LedgerLagging, LedgerUnavailable
+from effect_ledger.streams.errors import LedgerLagging, LedgerUnavailable
 
 
 class ProcessorLookup:

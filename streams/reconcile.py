@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from streams.effect import Effect
-from streams.errors import DefiniteFailure
-from streams.model import Executed, Outcome, Resolution, UncertainEffect, Verdict
+from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.errors import DefiniteFailure
+from effect_ledger.streams.model import Executed, Outcome, Resolution, UncertainEffect, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class CallableReconciler:
 
     def __init__(self, fn: Callable[[EffectView], Answer | Awaitable[Answer]], name: str | None = None) -> None:
         self._fn = fn
-        self.name = name or getattr(fn, "__name__", "callable")
+        self.name: str = name or str(getattr(fn, "__name__", "callable"))
 
     async def check(self, effect: EffectView) -> Answer:
         result = self._fn(effect)

@@ -26,9 +26,9 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
-from streams.codec import HEADER
-from streams.config import KafkaConfig
-from streams.store import Store
+from effect_ledger.streams.codec import HEADER
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.store import Store
 
 log = logging.getLogger("effect_ledger.relay")
 

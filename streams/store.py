@@ -8,7 +8,7 @@ Durable-write order, in the one function that writes (``_append``), inside one t
 2. the new events, with ``sent = 0`` (the relay marks them sent only after the broker's ack);
 3. COMMIT — with ``synchronous=NORMAL`` it survives a killed process, with ``FULL`` power loss.
 
-The effect row is a projection of the events (``streams.effect``); the events are the truth.
+The effect row is a projection of the events (``effect_ledger.streams.effect``); the events are the truth.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, NamedTuple
 
 import aiosqlite
 
-from streams.codec import Codec, default_codec
-from streams.effect import Effect, apply
-from streams.errors import LedgerClosed
-from streams.model import Event, State, UncertainEffect
+from effect_ledger.streams.codec import Codec, default_codec
+from effect_ledger.streams.effect import Effect, apply
+from effect_ledger.streams.errors import LedgerClosed
+from effect_ledger.streams.model import Event, State, UncertainEffect
 
 
 class Durability(StrEnum):

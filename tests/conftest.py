@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
-from streams.config import KafkaConfig
+from effect_ledger.streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
+from effect_ledger.streams.config import KafkaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

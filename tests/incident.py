@@ -18,8 +18,8 @@ import json
 import random
 from dataclasses import dataclass
 
-from streams.keys import effect_key
-from streams.model import (
+from effect_ledger.streams.keys import effect_key
+from effect_ledger.streams.model import (
     Event,
     Executed,
     Intent,

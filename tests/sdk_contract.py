@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from streams.errors import (
+from effect_ledger.streams.errors import (
     DefiniteFailure,
     EffectClosed,
     EffectConflict,
@@ -41,9 +41,9 @@ from streams.errors import (
     InvalidEffect,
     LedgerClosed,
 )
-from streams.keys import DEFAULT_NAMESPACE, canonical_json, digest, effect_key
-from streams.ledger import Confirmation, Ledger
-from streams.model import (
+from effect_ledger.streams.keys import DEFAULT_NAMESPACE, canonical_json, digest, effect_key
+from effect_ledger.streams.ledger import Confirmation, Ledger
+from effect_ledger.streams.model import (
     DecisionKind,
     Executed,
     Flag,
@@ -53,14 +53,17 @@ from streams.model import (
     State,
     Verdict,
 )
-from streams.reconcile import Absent, CallableReconciler, EffectView, Found, Target, Unknown
-from streams.store import ClaimOp
+from effect_ledger.streams.reconcile import Absent, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.streams.store import ClaimOp
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 T0 = 1_700_000_000_000  # the fake clock's start (epoch ms)
 TARGET = "payments"
+# What the contract's ledgers are told about the destination unless a test says more: nothing can
+# ask it (the Python form of `lookup = "none"`).
+DECLARED = (Target(TARGET), Target("mail"))
 OPERATION = "refund.create"
 RUN_ID = "run-7"
 STEP = "refund-order-123"
@@ -214,13 +217,14 @@ _RACE_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, os, sys, time
     from pathlib import Path
-    from streams.errors import EffectInProgress
-    from streams.ledger import Ledger
+    from effect_ledger.streams.errors import EffectInProgress
+    from effect_ledger.streams.ledger import Ledger
+    from effect_ledger.streams.reconcile import Target
 
     db, me, workdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 
     async def main():
-        ledger = await Ledger.open(db)
+        ledger = await Ledger.open(db, targets=[Target("payments")])
         (workdir / f"ready-{me}").touch()
         end = time.monotonic() + 30
         while len(list(workdir.glob("ready-*"))) < 2:  # start together
@@ -423,7 +427,8 @@ class LedgerContract(abc.ABC):
                 await self.execute(ledger, dest, target="mail")
             assert (await ledger.get(effect_key("mail", OPERATION, RUN_ID, STEP))).state is State.UNCERTAIN  # type: ignore[union-attr]
 
-        run(self.with_ledger(self.db(tmp_path), body, targets=[Target(TARGET, definite_errors=(CardDeclined,))]))
+        declared = [Target(TARGET, definite_errors=(CardDeclined,)), Target("mail")]
+        run(self.with_ledger(self.db(tmp_path), body, targets=declared))
 
     def test_timeout_is_uncertain_with_unknown_outcome(self, tmp_path: Path) -> None:
         dest = Destination(delay=5.0)
@@ -620,7 +625,7 @@ class LedgerContract(abc.ABC):
     def test_executed_without_receipt(self, tmp_path: Path, found: bool) -> None:
         """The call returned ok and that was recorded, then the worker died before the receipt."""
         dest = Destination()
-        targets = [Target(TARGET, reconciler=reconciler_of(Found("re_3", {"id": "re_3"})))] if found else []
+        targets = [Target(TARGET, reconciler=reconciler_of(Found("re_3", {"id": "re_3"})) if found else None)]
 
         async def body(ledger: Ledger) -> None:
             key = await write_pending(ledger, owner=dead_owner())

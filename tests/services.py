@@ -1,11 +1,11 @@
-"""The service harness for integration tests (``processors.supervise``), plus ``wait_for``."""
+"""The service harness for integration tests (``effect_ledger.processors.supervise``), plus ``wait_for``."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from processors.supervise import Processor, Reconcilers, Service, free_port
+from effect_ledger.processors.supervise import Processor, Reconcilers, Service, free_port
 
 __all__ = ["Processor", "Reconcilers", "Service", "free_port", "wait_for"]
 

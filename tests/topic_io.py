@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from streams.codec import DecodeError, default_codec
-from streams.config import KafkaConfig
-from streams.relay import producer_config
+from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.relay import producer_config
 from tests.services import Service
 
 S = TypeVar("S", bound=Service)
@@ -193,7 +193,7 @@ def run_agent(
     env = dict(os.environ, EFFECT_LEDGER_CRASH=crash)
     return subprocess.Popen(
         [
-            sys.executable, "-m", "processors.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,
+            sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,
             "--prefix", cfg.prefix, "--workdir", str(workdir), "--gateway", gateway, "--run-id", run_id,
             "--order", run_id, "--timeout", str(timeout),
         ],

@@ -2,7 +2,7 @@
 
 Run as a child process so it can be killed for real (``EFFECT_LEDGER_CRASH=<point>``):
 
-    python -m processors.demo.agent --mode ledger --workdir DIR --gateway URL --kind key+lookup
+    python -m effect_ledger.processors.demo.agent --mode ledger --workdir DIR --gateway URL --kind key+lookup
 
 ``--mode naive`` is how such steps are usually written: a checkpoint after the call and a fresh
 idempotency key per attempt; a crash between the two pays twice. ``--mode ledger`` wraps the call
@@ -20,27 +20,41 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from processors.demo.client import GatewayClient, RefundRejected
-from processors.demo.gateway import KINDS
-from processors.reconcilers import HttpReconciler
-from streams import crashpoints
-from streams.config import KafkaConfig
-from streams.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
-from streams.ledger import Ledger
-from streams.reconcile import Target
+from effect_ledger.processors.demo.client import GatewayClient, RefundRejected
+from effect_ledger.processors.demo.gateway import KINDS
+from effect_ledger.streams import crashpoints
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.reconcile import Target
+from effect_ledger.streams.targets import parse_targets
 
 EXIT_OK, EXIT_UNCERTAIN, EXIT_REJECTED, EXIT_IN_PROGRESS = 0, 3, 4, 5
 
 
-def payments_target(gateway_url: str, kind: str) -> Target:
-    """What effect-ledger is told about the gateway: can it be asked by key, does it dedupe keys."""
-    lookup = kind in ("key+lookup", "lookup")
-    return Target(
-        "payments",
-        reconciler=HttpReconciler(f"{gateway_url}/refunds/by-key/{{key}}", name="gateway-lookup") if lookup else None,
-        honours_keys=kind in ("key+lookup", "key"),
-        definite_errors=(RefundRejected,),
+def payments_declaration(gateway_url: str, kind: str) -> str:
+    """The targets file of the demo: what effect-ledger is told about the gateway (can it be asked
+    by key, does it deduplicate keys, which error means "rejected"). The agent, the runner and the
+    reconcilers all read this one declaration."""
+    lookup = f"{gateway_url}/refunds/by-key/{{key}}" if kind in ("key+lookup", "lookup") else "none"
+    honours = "true" if kind in ("key+lookup", "key") else "false"
+    return (
+        "[targets.payments]\n"
+        f'lookup = "{lookup}"\n'
+        f"honours_keys = {honours}\n"
+        'key_retention = "24h"\n'
+        'definite_errors = ["effect_ledger.processors.demo.client:RefundRejected"]\n'
     )
+
+
+def write_declaration(path: Path, gateway_url: str, kind: str) -> Path:
+    path.write_text(payments_declaration(gateway_url, kind))
+    return path
+
+
+def payments_target(gateway_url: str, kind: str) -> Target:
+    """The ``payments`` target as the declaration above defines it."""
+    return parse_targets(payments_declaration(gateway_url, kind), f"payments ({kind})")[0]
 
 
 async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
@@ -50,7 +64,7 @@ async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     # host, with an empty disk, finds it through the processor (lookup).
     async with await Ledger.open(
         str(db),
-        targets=[payments_target(args.gateway, args.kind)],
+        targets=args.targets or [payments_target(args.gateway, args.kind)],
         kafka=kafka,
         sync=kafka is not None,
         lookup=args.lookup,
@@ -115,11 +129,12 @@ async def run_naive(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m processors.demo.agent")
+    p = argparse.ArgumentParser(prog="python -m effect_ledger.processors.demo.agent")
     p.add_argument("--mode", choices=("ledger", "naive"), required=True)
     p.add_argument("--workdir", required=True)
     p.add_argument("--gateway", required=True)
     p.add_argument("--kind", choices=KINDS, default="key+lookup")
+    p.add_argument("--targets", default=None, help="the targets file (default: the gateway's, for --kind)")
     p.add_argument("--order", default="123")
     p.add_argument("--amount", type=int, default=4800)
     p.add_argument("--run-id", default="run-1")

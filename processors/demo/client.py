@@ -7,7 +7,7 @@ from typing import Any
 
 import aiohttp
 
-from streams.errors import DefiniteFailure
+from effect_ledger.streams.errors import DefiniteFailure
 
 
 class RefundRejected(DefiniteFailure):

@@ -23,13 +23,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from processors.demo.agent import payments_target
-from processors.demo.gateway import Gateway
-from processors.runner import Runner
-from streams import crashpoints
-from streams.effect import apply
-from streams.ledger import Ledger
-from streams.model import Event, Executed, Intent, Receipt, Resolution, State, Timeout
+from effect_ledger.processors.demo.agent import write_declaration
+from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.processors.runner import Runner
+from effect_ledger.streams import crashpoints
+from effect_ledger.streams.effect import apply
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import Event, Executed, Intent, Receipt, Resolution, State, Timeout
+from effect_ledger.streams.targets import load_targets
 
 SETTLED = (State.CONFIRMED, State.ESCALATED, State.ABSENT, State.FAILED)
 
@@ -44,7 +45,7 @@ def _agent(
     cmd = [
         sys.executable,
         "-m",
-        "processors.demo.agent",
+        "effect_ledger.processors.demo.agent",
         "--mode",
         mode,
         "--workdir",
@@ -81,10 +82,10 @@ def _describe(event: Event) -> str:
     return type(event).__name__
 
 
-async def _settle(console: Console, db: Path, url: str, timeout_s: float) -> tuple[list[str], str]:
+async def _settle(console: Console, db: Path, targets: Path, timeout_s: float) -> tuple[list[str], str]:
     """Run the embedded runner on the agent's ledger file until the effect is settled, then show its
     recorded history. Returns the states it went through and the key."""
-    async with await Ledger.open(str(db), targets=[payments_target(url, "key+lookup")]) as ledger:
+    async with await Ledger.open(str(db), targets=load_targets(targets)) as ledger:
         runner = Runner(ledger, interval=0.1, grace_ms=200)
         rows = await ledger.store.query("SELECT effect_id, state FROM effects")
         key = rows[0]["effect_id"]
@@ -146,13 +147,16 @@ def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
         console.print("[bold]2. With effect-ledger[/] (same crash)")
         led = Path(tmp, "ledger")
         led.mkdir()
-        code, _ = _agent("ledger", led, gw.url, crashpoints.AFTER_CALL, timeout)
+        # One declaration of the gateway, read by the agent and by the runner alike.
+        targets = write_declaration(Path(tmp, "targets.toml"), gw.url, "key+lookup")
+        declared = ["--targets", str(targets)]
+        code, _ = _agent("ledger", led, gw.url, crashpoints.AFTER_CALL, timeout, declared)
         console.print(
             f"   agent: intent written to effects.db, refund sent with its key ... "
             f"{_exit_text(code)} at [bold]after_call[/]"
         )
-        states, key = asyncio.run(_settle(console, led / "effects.db", gw.url, timeout + 20))
-        code, out = _agent("ledger", led, gw.url, None, timeout)
+        states, key = asyncio.run(_settle(console, led / "effects.db", targets, timeout + 20))
+        code, out = _agent("ledger", led, gw.url, None, timeout, declared)
         called = "called the gateway again" if out.get("called") else "did not call the gateway"
         console.print(
             f"   agent restarted: the ledger returns receipt [bold]{out.get('receipt_id')}[/] "

@@ -19,14 +19,15 @@ from confluent_kafka import Consumer
 from rich.console import Console
 from rich.table import Table
 
-from processors.demo.gateway import Gateway
-from processors.demo.story import _agent, _exit_text
-from processors.supervise import Processor, Reconcilers
-from streams import crashpoints
-from streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.model import State
+from effect_ledger.processors.demo.agent import write_declaration
+from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.processors.demo.story import _agent, _exit_text
+from effect_ledger.processors.supervise import Processor, Reconcilers
+from effect_ledger.streams import crashpoints
+from effect_ledger.streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.model import State
 
 
 class StateWatcher(threading.Thread):
@@ -83,7 +84,9 @@ def run_kafka_demo(console: Console, bootstrap: str | None = None, timeout: floa
     watcher = StateWatcher(cfg, console)
     with tempfile.TemporaryDirectory(prefix="effect-ledger-kafka-demo-") as tmp, Gateway("key+lookup") as gw:
         processor = Processor(cfg, Path(tmp, "processor")).start()
-        reconcilers = Reconcilers(cfg, Path(tmp), ["--reconciler", f"payments={gw.url}/refunds/by-key/{{key}}"])
+        # One declaration of the gateway, read by the agents and by the reconcilers alike.
+        targets = str(write_declaration(Path(tmp, "targets.toml"), gw.url, "key+lookup"))
+        reconcilers = Reconcilers(cfg, Path(tmp), ["--targets", targets])
         try:
             console.print("Starting the ledger processor (effects worker) and the reconcilers (effects reconcile) ...")
             processor.wait_ready()
@@ -92,6 +95,7 @@ def run_kafka_demo(console: Console, bootstrap: str | None = None, timeout: floa
             console.print(f"Gateway on {gw.url}; the operator follows effects.state.\n")
 
             kafka_args = ["--kafka", cfg.bootstrap, "--prefix", cfg.prefix, "--lookup", processor.url]
+            kafka_args += ["--targets", targets]
             host_a, host_b = Path(tmp, "host-a"), Path(tmp, "host-b")
             host_a.mkdir()
             host_b.mkdir()

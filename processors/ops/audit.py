@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from processors.ops.sources import Replayed
-from streams.model import (
+from effect_ledger.processors.ops.sources import Replayed
+from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
     Executed,

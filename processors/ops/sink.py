@@ -14,9 +14,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 
-from processors.ops.sources import SourceError, _partitions
-from streams.codec import DecodeError, default_codec
-from streams.config import KafkaConfig
+from effect_ledger.processors.ops.sources import SourceError, _partitions
+from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.config import KafkaConfig
 
 SINK_SCHEMA = """
 CREATE TABLE IF NOT EXISTS effects (

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
-from streams.codec import DecodeError, default_codec
-from streams.config import KafkaConfig
-from streams.model import EffectState, Event
-from streams.partition import partition_for
+from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.model import EffectState, Event
+from effect_ledger.streams.partition import partition_for
 
 Progress = Callable[[int, int], None]  # (done, total)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.effect import Effect, apply, fold
-from streams.model import (
+from effect_ledger.processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import Effect, apply, fold
+from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
     EffectState,
@@ -27,7 +27,7 @@ from streams.model import (
     State,
     Timeout,
 )
-from streams.relay import producer_config
+from effect_ledger.streams.relay import producer_config
 
 INTERMEDIATE = (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED)
 

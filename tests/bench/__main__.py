@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.console import Console
 
-from streams.admin import BrokerUnavailable, wait_ready
-from streams.config import KafkaConfig
+from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
+from effect_ledger.streams.config import KafkaConfig
 from tests.bench import audit, detection, processor, relay, sdk
 from tests.bench.common import CPU_COUNT, ROOT, BenchResult, Context, Skip, disk_info
 from tests.bench.report import print_table, write_json

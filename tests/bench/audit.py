@@ -1,7 +1,7 @@
 """audit_replay: ``effects audit --from T --to T`` over a replayed window of effects.events.
 
 Once, on a fresh topic set (timed separately, not the benchmark): a bare confluent-kafka Producer
-with the relay's settings (``streams.relay.producer_config``) fills ``effects.events`` with N events
+with the relay's settings (``effect_ledger.streams.relay.producer_config``) fills ``effects.events`` with N events
 (--quick: 100,000) of N/3 realistic effects, each as the SDK writes it: an intent, the execution
 (OK) and its receipt, keyed by the effect id, encoded with the real codec, with the Kafka timestamp
 set to the event's ``at_ms``. One effect begins every ``STEP_MS`` ms and its three events fall inside
@@ -12,9 +12,10 @@ Each repetition measures, on that topic (the order alternates between repetition
 
 * raw limit: a bare consumer assigned to every partition at ``offsets_for_times(window start)``,
   reading to the end offsets (high watermarks at the start) and decoding every value with
-  ``streams.codec.default_codec().decode``; the fetch settings of ``processors.ops.sources``;
+  ``effect_ledger.streams.codec.default_codec().decode``; the fetch settings of
+  ``effect_ledger.processors.ops.sources``;
 * in-process: ``audit(replay_events(cfg, start), start, end, now)`` in this process;
-* the command: ``python -m processors.cli audit --prefix P --from START --to END --json`` as a child
+* the command: ``python -m effect_ledger audit --prefix P --from START --to END --json`` as a child
   process: wall time from spawn to exit (Python start-up, imports and the broker handshake included),
   its CPU time, and its peak resident memory (VmHWM, polled from /proc every 20 ms); its JSON must
   count every event and every effect, and pass every check.
@@ -52,12 +53,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from processors.ops.audit import audit
-from processors.ops.sources import replay_events
-from streams.codec import HEADER, default_codec
-from streams.config import KafkaConfig
-from streams.keys import canonical_json, effect_key
-from streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
+from effect_ledger.processors.ops.audit import audit
+from effect_ledger.processors.ops.sources import replay_events
+from effect_ledger.streams.codec import HEADER, default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.keys import canonical_json, effect_key
+from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from tests.bench.common import (
     ROOT,
     BenchResult,
@@ -79,7 +80,7 @@ DEADLINE_MS = 30_000
 MAX_REPS = 3  # a full repetition replays 1,000,000 events three times (about 2 minutes here)
 FLUSH_TIMEOUT = 120.0
 HEAP_PROBE_EFFECTS = 50_000  # tracemalloc slows the fold: its probe replays only the last ones
-# What processors.ops.sources._consumer sets: the raw consumer fetches like the replay does.
+# What effect_ledger.processors.ops.sources._consumer sets: the raw consumer fetches like the replay does.
 FETCH = {"fetch.max.bytes": 52_428_800, "queued.max.messages.kbytes": 262_144}
 
 
@@ -96,7 +97,7 @@ class Window:
 
 
 def _event_id(rng: random.Random, at_ms: int) -> str:
-    """Like ``streams.ledger.new_event_id``: 48-bit ms then 80 random bits, 32 hex characters."""
+    """Like ``effect_ledger.streams.ledger.new_event_id``: 48-bit ms then 80 random bits, 32 hex characters."""
     return f"{at_ms:012x}{rng.getrandbits(80):020x}"
 
 
@@ -295,7 +296,7 @@ def run_child(args: list[str], timeout: float, sample_s: float = 0.02) -> ChildR
 
 def cli_audit(cfg: KafkaConfig, start_ms: int, end_ms: int, timeout: float) -> tuple[dict[str, Any], ChildRun]:
     r = run_child(
-        ["-m", "processors.cli", "audit", "--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix,
+        ["-m", "effect_ledger", "audit", "--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix,
          "--from", str(start_ms), "--to", str(end_ms), "--json"],
         timeout,
     )  # fmt: skip
@@ -324,9 +325,9 @@ a = json.loads(sys.argv[1])
 if a["trace"]:
     import tracemalloc
     tracemalloc.start()
-from processors.ops.audit import audit
-from processors.ops.sources import replay_events
-from streams.config import KafkaConfig
+from effect_ledger.processors.ops.audit import audit
+from effect_ledger.processors.ops.sources import replay_events
+from effect_ledger.streams.config import KafkaConfig
 
 try:
     trim = ctypes.CDLL("libc.so.6").malloc_trim

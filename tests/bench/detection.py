@@ -28,10 +28,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from processors.processor import ProcessorSettings
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.model import Intent, UncertainEffect
+from effect_ledger.processors.processor import ProcessorSettings
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.model import Intent, UncertainEffect
 from tests.bench.common import (
     BenchResult,
     Context,

@@ -6,7 +6,7 @@ processor_throughput, per repetition, on a fresh topic set:
 1. a bare producer fills ``effects.events`` with N events (intent + executed + receipt of N/3
    effects: each effect ends CONFIRMED, no deadline fires);
 2. raw limit: a bare confluent-kafka consumer reads them back, decodes each and folds it
-   (``streams.effect.apply``) into a dict, without publishing; events/s from its first record to its
+   (``effect_ledger.streams.effect.apply``) into a dict, without publishing; events/s from its first record to its
    last;
 3. a Processor starts; the figure is events/s from the first record on ``effects.state`` to the last
    (their broker timestamps; the worker's start-up is excluded). A full fold publishes one state per
@@ -32,10 +32,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from processors.supervise import Processor
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.effect import Effect, apply
+from effect_ledger.processors.supervise import Processor
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import Effect, apply
 from tests.bench.common import (
     BenchResult,
     Context,

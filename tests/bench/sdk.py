@@ -24,7 +24,7 @@ from typing import Any
 
 import aiosqlite
 
-from streams.ledger import Ledger
+from effect_ledger.streams.ledger import Ledger
 from tests.bench.common import BenchResult, Context, Metric, disk_info, fmt, percentile
 
 CONCURRENCY = 64

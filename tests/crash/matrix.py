@@ -25,17 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from processors.demo.agent import payments_target
-from processors.demo.gateway import KINDS, Gateway
-from processors.runner import Runner
-from streams import crashpoints
-from streams.codec import default_codec
-from streams.effect import fold
-from streams.errors import LedgerUnavailable
-from streams.keys import effect_key
-from streams.ledger import Ledger
-from streams.lookup import ProcessorLookup
-from streams.model import State
+from effect_ledger.processors.demo.agent import payments_target
+from effect_ledger.processors.demo.gateway import KINDS, Gateway
+from effect_ledger.processors.runner import Runner
+from effect_ledger.streams import crashpoints
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.effect import fold
+from effect_ledger.streams.errors import LedgerUnavailable
+from effect_ledger.streams.keys import effect_key
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.lookup import ProcessorLookup
+from effect_ledger.streams.model import State
 
 CALL_TIMEOUT = 1.0  # the agent's call deadline: short, so after_intent cells wait little
 
@@ -91,7 +91,7 @@ def _agent(
     env.pop(crashpoints.ENV, None)
     if crash:
         env[crashpoints.ENV] = crash
-    cmd = [sys.executable, "-m", "processors.demo.agent", "--mode", mode, "--workdir", str(workdir)]
+    cmd = [sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", mode, "--workdir", str(workdir)]
     cmd += ["--gateway", url, "--kind", kind, "--timeout", str(CALL_TIMEOUT), "--patience", "30", "--run-id", run_id]
     if kafka is not None and mode == "ledger":
         cmd += kafka.args()
@@ -192,8 +192,8 @@ def run_matrix(runs: int, workers: int = 4, kafka: KafkaMode | None = None) -> l
 @contextlib.contextmanager
 def kafka_setup() -> Iterator[KafkaMode]:
     """Fresh topics and a ledger processor for one matrix run."""
-    from streams.admin import delete_topics, ensure_topics, list_topics
-    from streams.config import KafkaConfig
+    from effect_ledger.streams.admin import delete_topics, ensure_topics, list_topics
+    from effect_ledger.streams.config import KafkaConfig
     from tests.services import Processor
 
     cfg = KafkaConfig.from_env(prefix=f"crash{uuid.uuid4().hex[:8]}.", partitions=3)

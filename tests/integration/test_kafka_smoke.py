@@ -1,4 +1,4 @@
-"""The real broker: topics as streams.admin creates them, and codec-encoded events through a real
+"""The real broker: topics as effect_ledger.streams.admin creates them, and codec-encoded events through a real
 producer and consumer. Every wait is a poll loop against a monotonic deadline."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from streams import model as m
-from streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
-from streams.codec import HEADER, default_codec
-from streams.config import KafkaConfig
+from effect_ledger.streams import model as m
+from effect_ledger.streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
+from effect_ledger.streams.codec import HEADER, default_codec
+from effect_ledger.streams.config import KafkaConfig
 
 TIMEOUT = 30.0
 

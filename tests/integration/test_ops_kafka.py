@@ -1,7 +1,7 @@
 """The operator and auditor commands against the real broker and a real ledger processor.
 
 The known incident of ``tests/incident.py`` is produced to ``effects.events`` the way the relay
-produces (``streams.relay.producer_config``, key = effect_id, the schema header), with each record's
+produces (``effect_ledger.streams.relay.producer_config``, key = effect_id, the schema header), with each record's
 Kafka timestamp set to the event's time so that ``effects audit``'s ``offsets_for_times`` seek means
 something. The audit replays it as it stands; then a processor (``effects worker``, a child process)
 folds it into ``effects.state``, and ``stuck``, ``trace``, ``sink``, ``tail``, ``escalations`` and
@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Producer
 
-from streams.admin import delete_topics, ensure_topics, list_topics
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.model import Resolution, State, Timeout
-from streams.relay import producer_config
+from effect_ledger.streams.admin import delete_topics, ensure_topics, list_topics
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.model import Resolution, State, Timeout
+from effect_ledger.streams.relay import producer_config
 from tests.incident import EXPECTED, Incident, incident
 from tests.ops_expected import CHECKS, checks_of, expected_checks, expected_targets, now_ms, write_ledger
 from tests.services import Processor
@@ -61,7 +61,7 @@ SQL_CONFIRMED_BY_RECONCILIATION = (
 def cli(*args: str | Path, cwd: Path = ROOT, timeout: float = 90) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(
-        [sys.executable, "-m", "processors.cli", *map(str, args)],
+        [sys.executable, "-m", "effect_ledger", *map(str, args)],
         cwd=cwd,
         env=env,
         capture_output=True,
@@ -338,7 +338,7 @@ def test_unreachable_broker_is_one_line(setup: Setup, tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "processors.cli", *args, "--bootstrap", "127.0.0.1:1", "--prefix", "nobody."],
+            [sys.executable, "-m", "effect_ledger", *args, "--bootstrap", "127.0.0.1:1", "--prefix", "nobody."],
             cwd=ROOT,
             env=env,
             stdout=subprocess.PIPE,

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from processors.demo.gateway import Gateway
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.effect import Effect, fold, to_state
-from streams.errors import DefiniteFailure, EffectUncertain
-from streams.ledger import Ledger
-from streams.model import (
+from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import Effect, fold, to_state
+from effect_ledger.streams.errors import DefiniteFailure, EffectUncertain
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import (
     DeadLetter,
     EffectState,
     Executed,
@@ -38,7 +38,7 @@ from streams.model import (
     TimeoutPhase,
     UncertainEffect,
 )
-from streams.partition import partition_for
+from effect_ledger.streams.partition import partition_for
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, Record, TopicReader, run_agent, running
 

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from processors.demo.gateway import Gateway
-from streams.config import KafkaConfig
-from streams.errors import EffectUncertain
-from streams.ledger import Ledger
-from streams.model import Intent, Resolution, State, UncertainEffect, Verdict
-from streams.partition import partition_for
+from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import EffectUncertain
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import Intent, Resolution, State, UncertainEffect, Verdict
+from effect_ledger.streams.partition import partition_for
 from tests.services import Processor, Reconcilers, wait_for
 from tests.topic_io import Record, TopicReader, run_agent, running
 

@@ -28,14 +28,14 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from streams.admin import ensure_topics
-from streams.codec import HEADER, default_codec
-from streams.config import KafkaConfig
-from streams.errors import LedgerUnavailable
-from streams.ledger import Ledger
-from streams.model import Intent, State
-from streams.partition import partition_for
-from streams.store import Store
+from effect_ledger.streams.admin import ensure_topics
+from effect_ledger.streams.codec import HEADER, default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import LedgerUnavailable
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import Intent, State
+from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
@@ -182,7 +182,7 @@ def free_port() -> int:
 def cli(*args: str, timeout: float = 90) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "processors.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "effect_ledger", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     return proc, time.monotonic() - started
@@ -203,7 +203,7 @@ def relay_cli_without_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
     asyncio.run(create())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "processors.cli", "relay", "--db", str(db), "--bootstrap", DEAD, "--prefix", "x."],
+        [sys.executable, "-m", "effect_ledger", "relay", "--db", str(db), "--bootstrap", DEAD, "--prefix", "x."],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )

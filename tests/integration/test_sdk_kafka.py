@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from streams.admin import delete_topics, ensure_topics
-from streams.codec import default_codec
-from streams.config import KafkaConfig
-from streams.ledger import Ledger
-from tests.sdk_contract import _RACE_SCRIPT, LedgerContract
+from effect_ledger.streams.admin import delete_topics, ensure_topics
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.ledger import Ledger
+from tests.sdk_contract import _RACE_SCRIPT, DECLARED, LedgerContract
 
 TIMEOUT = 30.0
 
@@ -121,6 +121,7 @@ class TestKafkaLedger(LedgerContract):
         assert {p: rows for p, rows in left.items() if rows} == {}, "outbox not drained after the test"
 
     async def open_ledger(self, path: str, **kwargs: Any) -> Ledger:
+        kwargs.setdefault("targets", DECLARED)
         ledger = await Ledger.open(path, kafka=self.mode.cfg, sync=True, **kwargs)
         self.mode.register(path)
         if path not in self.files:
@@ -139,16 +140,16 @@ class TestKafkaLedger(LedgerContract):
         """The racing processes open the file in Kafka mode too (same topics, sync=True)."""
         script = workdir / "race_kafka.py"
         if not script.exists():
-            embedded = "ledger = await Ledger.open(db)"
+            embedded = 'ledger = await Ledger.open(db, targets=[Target("payments")])'
             assert _RACE_SCRIPT.count(embedded) == 1, "the contract's race script changed: adapt this override"
             cfg = self.mode.cfg
             kafka = (
                 f"ledger = await Ledger.open(db, kafka=KafkaConfig(bootstrap={cfg.bootstrap!r}, "
-                f"prefix={cfg.prefix!r}, partitions={cfg.partitions}), sync=True)"
+                f"prefix={cfg.prefix!r}, partitions={cfg.partitions}), sync=True, targets=[Target('payments')])"
             )
-            imports = "from streams.ledger import Ledger"
+            imports = "from effect_ledger.streams.ledger import Ledger"
             text = _RACE_SCRIPT.replace(embedded, kafka).replace(
-                imports, f"{imports}\nfrom streams.config import KafkaConfig"
+                imports, f"{imports}\nfrom effect_ledger.streams.config import KafkaConfig"
             )
             script.write_text(text)
         self.mode.register(db)
@@ -164,7 +165,7 @@ def test_every_event_written_to_the_files_is_on_kafka(kafka_mode: KafkaMode, tmp
         import asyncio
 
         async def write(path: str) -> None:
-            async with await Ledger.open(path, kafka=kafka_mode.cfg, sync=True) as ledger:
+            async with await Ledger.open(path, kafka=kafka_mode.cfg, sync=True, targets=DECLARED) as ledger:
                 for i in range(3):
                     await ledger.execute(
                         target="payments", operation="refund.create", run_id="alone", step=f"s{i}",

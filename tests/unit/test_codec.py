@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import schemas
-from streams import model as m
-from streams.codec import HEADER, MAGIC, Codec, DecodeError, EncodeError, schema_fingerprint
+from effect_ledger import schemas
+from effect_ledger.streams import model as m
+from effect_ledger.streams.codec import HEADER, MAGIC, Codec, DecodeError, EncodeError, schema_fingerprint
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1

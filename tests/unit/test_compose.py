@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from streams.config import DEFAULT_BOOTSTRAP, DEFAULT_PORT
+from effect_ledger.streams.config import DEFAULT_BOOTSTRAP, DEFAULT_PORT
 
 ROOT = Path(__file__).resolve().parents[2]
 # A Kafka release number (3.x.y or 4.x.y) standing alone: not part of 2.24.3 or kafka_2.13.
@@ -125,7 +125,7 @@ def test_version_pattern_catches_versions() -> None:
 def test_services_reach_the_broker_on_a_listener_it_advertises() -> None:
     """The processor and reconciler services talk to the broker on the compose network; that
     address must be one the broker advertises, and their partition count the Python default."""
-    from streams.config import KafkaConfig
+    from effect_ledger.streams.config import KafkaConfig
 
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     advertised = compose["services"]["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.config import DEFAULT_BOOTSTRAP, KafkaConfig, Topics
+from effect_ledger.streams.config import DEFAULT_BOOTSTRAP, KafkaConfig, Topics
 
 ENV_VARS = (
     "KAFKA_BOOTSTRAP",

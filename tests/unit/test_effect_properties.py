@@ -20,8 +20,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.effect import Effect, apply, expire, fold, timeout_event_id
-from streams.model import (
+from effect_ledger.streams.effect import Effect, apply, expire, fold, timeout_event_id
+from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
     Event,
@@ -37,7 +37,7 @@ from streams.model import (
     UncertainEffect,
     Verdict,
 )
-from streams.model import Timeout as TimeoutEvent
+from effect_ledger.streams.model import Timeout as TimeoutEvent
 
 EXAMPLES = 500
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None)

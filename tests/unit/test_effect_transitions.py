@@ -1,4 +1,4 @@
-"""Every transition in the derivation table of ``streams.effect``, one given/when/then test each.
+"""Every transition in the derivation table of ``effect_ledger.streams.effect``, one given/when/then test each.
 
 The table (first rule that matches wins)::
 
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.effect import Effect, apply, expire, fold, timeout_event_id, to_state
-from streams.model import (
+from effect_ledger.streams.effect import Effect, apply, expire, fold, timeout_event_id, to_state
+from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
     EffectState,

@@ -1,4 +1,4 @@
-"""The fake payment gateway (``processors.demo.gateway``) behaves like a real destination, over real
+"""The fake payment gateway (``effect_ledger.processors.demo.gateway``) behaves like a real destination, over real
 HTTP on loopback: idempotency keys honoured only by the kinds that claim to, lookup by key only where
 offered, and failures on demand (a rejection, an outage before committing, a lost reply)."""
 
@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from processors.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
-from processors.demo.gateway import KINDS, Gateway
-from streams.errors import DefiniteFailure
+from effect_ledger.processors.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
+from effect_ledger.processors.demo.gateway import KINDS, Gateway
+from effect_ledger.streams.errors import DefiniteFailure
 from tests.sdk_contract import run
 
 KEYED = ("key+lookup", "key")

@@ -1,4 +1,4 @@
-"""``processors.reconcilers.HttpReconciler`` against the real fake gateway over loopback HTTP: status
+"""``effect_ledger.streams.http_reconciler.HttpReconciler`` against the real fake gateway over loopback HTTP: status
 codes and JSON mapped to Found / Absent / Unknown, transport failures as Unknown, the URL template and
 key quoting; then the reconciler inside the ledger after a lost reply. No broker needed."""
 
@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from processors.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
-from processors.demo.gateway import KINDS, Gateway
-from processors.reconcilers import HttpReconciler
-from streams.errors import EffectUncertain
-from streams.keys import effect_key
-from streams.ledger import Ledger
-from streams.model import ReceiptSource, State
-from streams.reconcile import Absent, EffectView, Found, Target, Unknown
+from effect_ledger.processors.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
+from effect_ledger.processors.demo.gateway import KINDS, Gateway
+from effect_ledger.streams.errors import EffectUncertain
+from effect_ledger.streams.http_reconciler import HttpReconciler
+from effect_ledger.streams.keys import effect_key
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import ReceiptSource, State
+from effect_ledger.streams.reconcile import Absent, EffectView, Found, Target, Unknown
 from tests.sdk_contract import FakeClock, run
 
 T0 = 1_700_000_000_000

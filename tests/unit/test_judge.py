@@ -1,4 +1,4 @@
-"""``streams.reconcile.judge``: a reconciler's answer becomes a Resolution event under the rules
+"""``effect_ledger.streams.reconcile.judge``: a reconciler's answer becomes a Resolution event under the rules
 that keep retries safe; and ``Backoff``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from streams.effect import Effect, apply, fold
-from streams.model import Executed, Intent, Outcome, Resolution, State, Verdict
-from streams.reconcile import Absent, Backoff, Found, Target, Unknown, judge, previous_tries
+from effect_ledger.streams.effect import Effect, apply, fold
+from effect_ledger.streams.model import Executed, Intent, Outcome, Resolution, State, Verdict
+from effect_ledger.streams.reconcile import Absent, Backoff, Found, Target, Unknown, judge, previous_tries
 
 KEY = "payments:" + "5ca1d0a8" * 8
 T0 = 1_700_000_000_000

@@ -1,4 +1,4 @@
-"""The key rule and the canonical request form (``streams.keys``).
+"""The key rule and the canonical request form (``effect_ledger.streams.keys``).
 
 The vectors below pin ``effect_key``: a change to the rule turns every replay of an old run into a
 second effect, so it must fail the build.
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.errors import InvalidEffect
-from streams.keys import MAX_KEY_LENGTH, canonical_json, check_key, check_name, digest, effect_key
+from effect_ledger.streams.errors import InvalidEffect
+from effect_ledger.streams.keys import MAX_KEY_LENGTH, canonical_json, check_key, check_name, digest, effect_key
 
 # NEVER CHANGE: these keys are stored in ledgers and sent to destinations as idempotency keys.
 # Each was computed once and cross-checked by hand as sha256 of the UTF-8 JSON array
@@ -58,7 +58,7 @@ def test_the_default_namespace_is_default() -> None:
 
 
 def test_key_rule_is_sha256_of_the_json_array() -> None:
-    """The documented rule, recomputed independently of streams.keys."""
+    """The documented rule, recomputed independently of effect_ledger.streams.keys."""
     material = '["default","Lauf-ä-返金-😀","notify","send"]'.encode()
     assert effect_key("mail", "send", "Lauf-ä-返金-😀", "notify") == "mail:" + hashlib.sha256(material).hexdigest()
 

@@ -4,7 +4,7 @@ embedded ledger file, no broker.
 The known incident of ``tests/incident.py`` (1,000 effects: 3 double-executed, 5 stuck, 20 uncertain
 then reconciled) is written event by event into a real ledger file with ``Store.append``, and the
 real command line reads it: in process through click's ``CliRunner`` where only the output matters,
-as a child process (``python -m processors.cli``) where the error contract (one line on stderr, no
+as a child process (``python -m effect_ledger``) where the error contract (one line on stderr, no
 traceback) or the terminal width matters."""
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from processors.cli import main
-from streams.effect import Effect
-from streams.errors import EffectClosed, EffectUncertain
-from streams.keys import effect_key
-from streams.ledger import Confirmation, Ledger
-from streams.model import (
+from effect_ledger.processors.cli import main
+from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.errors import EffectClosed, EffectUncertain
+from effect_ledger.streams.keys import effect_key
+from effect_ledger.streams.ledger import Confirmation, Ledger
+from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
     Event,
@@ -45,6 +45,7 @@ from streams.model import (
     TimeoutPhase,
     Verdict,
 )
+from effect_ledger.streams.reconcile import Target
 from tests.incident import EXPECTED, Incident, incident
 from tests.ops_expected import CHECKS, checks_of, expected_checks, expected_targets, now_ms, write_ledger
 
@@ -79,7 +80,7 @@ def cli_process(*args: str | Path, columns: int = 200) -> subprocess.CompletedPr
     person reads (tables, sized by COLUMNS as rich does for a non-terminal) and the error contract."""
     env = dict(os.environ, COLUMNS=str(columns))
     return subprocess.run(
-        [sys.executable, "-m", "processors.cli", *map(str, args)],
+        [sys.executable, "-m", "effect_ledger", *map(str, args)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -337,7 +338,7 @@ REQUEST = {"order": "123", "amount": 4800, "currency": "CNY"}
 
 
 async def _execute(path: Path, call: Callable[[str], Any]) -> Confirmation:
-    async with await Ledger.open(str(path)) as ledger:
+    async with await Ledger.open(str(path), targets=[Target("payments")]) as ledger:
         return await ledger.execute(
             target="payments", operation="refund.create", run_id="run-1", step="refund-123",
             request=REQUEST, call=call, timeout=5,
@@ -356,7 +357,7 @@ def uncertain_refund(path: Path) -> str:
 
 
 async def _state_and_events(path: Path, key: str) -> tuple[Effect | None, list[Event]]:
-    async with await Ledger.open(str(path)) as ledger:
+    async with await Ledger.open(str(path), targets=[Target("payments")]) as ledger:
         return await ledger.get(key), [e for _, e, _ in await ledger.store.events(key)]
 
 

@@ -1,4 +1,4 @@
-"""The embedded runner (``processors.runner.Runner``) on a real SQLite ledger with a fake clock:
+"""The embedded runner (``effect_ledger.processors.runner.Runner``) on a real SQLite ledger with a fake clock:
 deadlines fire a Timeout event (after the grace, not before), uncertain effects are reconciled with
 backoff, and escalated when nobody can tell."""
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from processors.runner import Runner
-from streams.effect import timeout_event_id
-from streams.errors import EffectUncertain
-from streams.ledger import Ledger
-from streams.model import Executed, Outcome, State, Timeout, TimeoutPhase, Verdict
-from streams.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.processors.runner import Runner
+from effect_ledger.streams.effect import timeout_event_id
+from effect_ledger.streams.errors import EffectUncertain
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import Executed, Outcome, State, Timeout, TimeoutPhase, Verdict
+from effect_ledger.streams.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
 from tests.sdk_contract import (
     KEY,
     OPERATION,
@@ -44,7 +44,7 @@ def with_ledger(
     clock = FakeClock()
 
     async def main() -> None:
-        ledger = await Ledger.open(str(tmp_path / "effects.db"), clock=clock, targets=targets)
+        ledger = await Ledger.open(str(tmp_path / "effects.db"), clock=clock, targets=targets or (Target(TARGET),))
         try:
             await body(ledger, clock)
         finally:
@@ -258,7 +258,31 @@ def test_no_reconciler_and_no_keys_is_escalated_on_the_first_tick(tmp_path: Path
         assert report.reconciled == {key: "ESCALATED"}
         assert (await ledger.get(key)).state is State.ESCALATED  # type: ignore[union-attr]
 
-    with_ledger(tmp_path, body)  # no target registered: Target("payments") with no way to ask
+    with_ledger(tmp_path, body, Target(TARGET))  # declared with no way to ask (lookup = "none")
+
+
+def test_undeclared_target_is_asked_again_after_backoff_then_escalated(tmp_path: Path) -> None:
+    """A runner that was not told about a target does not escalate at once (the declaration may be
+    fixed meanwhile): each tick records an unknown answer naming the problem, then it escalates."""
+
+    async def body(ledger: Ledger, clock: FakeClock) -> None:
+        key = await uncertain(ledger)
+        runner_ledger = await Ledger.open(ledger.store.path, clock=clock, targets=[Target("other")])
+        try:
+            runner = Runner(runner_ledger, grace_ms=GRACE)
+            assert (await runner.tick()).reconciled == {key: "UNCERTAIN"}
+            effect = await ledger.get(key)
+            assert effect is not None and effect.resolutions[-1].reconciler == "undeclared"
+            assert "'payments' is not declared" in effect.resolutions[-1].reason
+            assert (await runner.tick()).reconciled == {}  # backing off
+            for _ in range(Backoff().max_tries - 1):
+                clock.advance(int(Backoff().max_s * 1000))
+                await runner.tick()
+            assert (await ledger.get(key)).state is State.ESCALATED  # type: ignore[union-attr]
+        finally:
+            await runner_ledger.close()
+
+    with_ledger(tmp_path, body, Target(TARGET, honours_keys=False))
 
 
 def test_honours_keys_without_reconciler_is_left_for_the_agent(tmp_path: Path) -> None:

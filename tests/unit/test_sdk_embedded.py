@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from streams.ledger import Ledger
-from tests.sdk_contract import LedgerContract
+from effect_ledger.streams.ledger import Ledger
+from tests.sdk_contract import DECLARED, LedgerContract
 
 
 class TestEmbeddedLedger(LedgerContract):
     async def open_ledger(self, path: str, **kwargs: Any) -> Ledger:
+        kwargs.setdefault("targets", DECLARED)
         return await Ledger.open(path, **kwargs)

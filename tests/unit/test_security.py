@@ -8,8 +8,8 @@ import ssl
 import faust
 import pytest
 
-from processors.processor import faust_credentials
-from streams.config import KafkaConfig
+from effect_ledger.processors.processor import faust_credentials
+from effect_ledger.streams.config import KafkaConfig
 
 
 def test_plaintext_needs_no_credentials() -> None:

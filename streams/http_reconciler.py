@@ -1,5 +1,5 @@
 """Built-in reconcilers. The interface (``Reconciler``: ``check(EffectView) -> Found | Absent |
-Unknown``) and the callable reconciler live in ``streams.reconcile``; this adds HTTP."""
+Unknown``) and the callable reconciler live in ``effect_ledger.streams.reconcile``; this adds HTTP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from streams.reconcile import Absent, Answer, CallableReconciler, EffectView, Found, Unknown
+from effect_ledger.streams.reconcile import Absent, Answer, CallableReconciler, EffectView, Found, Unknown
 
 __all__ = ["HttpReconciler", "CallableReconciler"]
 

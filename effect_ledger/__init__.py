@@ -1,0 +1,99 @@
+"""effect-ledger: an event-sourced ledger of external side effects.
+
+Every external write becomes intent -> executed -> receipt events, keyed by a stable idempotency
+key; an effect whose outcome is unknown is reconciled with the destination, never retried blindly.
+
+    from effect_ledger import Ledger
+
+    ledger = await Ledger.open("effects.db", targets="targets.toml")
+    receipt = await ledger.execute(
+        target="payments", operation="refund.create", run_id=run.id, step="refund-order-123",
+        request={"order": "123", "amount": 4800}, call=lambda key: gateway.refund(..., key),
+    )
+
+This module is the public door: the names in ``__all__`` are the supported API
+(``tests/unit/test_public_api.py`` pins them). The code lives in ``effect_ledger.schemas`` (the
+Avro contract), ``effect_ledger.streams`` (the client side) and ``effect_ledger.processors`` (the
+services); their modules may move, these names stay.
+"""
+
+from __future__ import annotations
+
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.errors import (
+    DefiniteFailure,
+    EffectClosed,
+    EffectConflict,
+    EffectInProgress,
+    EffectUncertain,
+    InvalidEffect,
+    LedgerClosed,
+    LedgerError,
+    LedgerLagging,
+    LedgerUnavailable,
+    StorageError,
+    TargetsError,
+    UnknownTarget,
+)
+from effect_ledger.streams.http_reconciler import HttpReconciler
+from effect_ledger.streams.keys import effect_key
+from effect_ledger.streams.ledger import Confirmation, Ledger
+from effect_ledger.streams.model import DecisionKind, ReceiptSource, State
+from effect_ledger.streams.reconcile import (
+    Absent,
+    Answer,
+    Backoff,
+    CallableReconciler,
+    EffectView,
+    Found,
+    Reconciler,
+    Target,
+    Unknown,
+)
+from effect_ledger.streams.store import Durability
+from effect_ledger.streams.sync import SyncLedger
+from effect_ledger.streams.targets import load_targets
+
+__version__ = "0.1.0"
+
+__all__ = [
+    # the SDK
+    "Ledger",
+    "SyncLedger",
+    "Confirmation",
+    "Durability",
+    "KafkaConfig",
+    "effect_key",
+    # targets and reconciliation
+    "Target",
+    "Backoff",
+    "load_targets",
+    "Reconciler",
+    "HttpReconciler",
+    "CallableReconciler",
+    "EffectView",
+    "Answer",
+    "Found",
+    "Absent",
+    "Unknown",
+    # what the ledger knows
+    "Effect",
+    "State",
+    "DecisionKind",
+    "ReceiptSource",
+    # errors
+    "LedgerError",
+    "InvalidEffect",
+    "UnknownTarget",
+    "TargetsError",
+    "StorageError",
+    "EffectConflict",
+    "EffectInProgress",
+    "EffectUncertain",
+    "EffectClosed",
+    "DefiniteFailure",
+    "LedgerClosed",
+    "LedgerUnavailable",
+    "LedgerLagging",
+]

@@ -1,0 +1,236 @@
+"""``SyncLedger``: the SDK for synchronous callers (a LangGraph node, a Celery task, a script).
+
+    ledger = SyncLedger.open("effects.db", targets="targets.toml")
+    receipt = ledger.execute(
+        target="payments", operation="refund.create", run_id=run_id, step="refund-order-123",
+        request={"order": "123", "amount": 4800},
+        call=lambda key: gateway.refund("123", 4800, idempotency_key=key),
+        timeout=10.0,
+    )
+
+It is the async ``Ledger`` running on an event loop of its own, in a background thread that lives
+as long as the ledger: the per-call decision, the records and the errors are exactly those of
+``Ledger`` (the SDK contract suite runs against both). Opened once, it serves every call of the
+process from any thread; the Kafka relay keeps running between calls.
+
+Where the call runs: in a thread of its own, started per call, with the caller's context variables,
+so the ledger's deadline can fire while the call blocks. A call that outlives ``timeout`` cannot be
+stopped (Python threads cannot be killed): the ledger records its outcome as unknown at the
+deadline and raises ``EffectUncertain`` to the caller, and whatever the call does or returns
+afterwards is not recorded; a reconciler then asks the destination, by key, whether it happened.
+The call's thread is a daemon thread, so a call that never returns does not keep the process alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.errors import InvalidEffect, LedgerClosed
+from effect_ledger.streams.ledger import Confirmation, Ledger, bind_request
+from effect_ledger.streams.model import DecisionKind, ReceiptSource
+from effect_ledger.streams.store import Store
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SyncLedger:
+    """The ``Ledger`` for synchronous code. Thread-safe; close it (or use ``with``) so the relay can
+    send what is left."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread, ledger: Ledger) -> None:
+        self._loop = loop
+        self._thread = thread
+        self._ledger = ledger
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str, **kwargs: Any) -> SyncLedger:
+        """Open (or create) the ledger file; the arguments are ``Ledger.open``'s."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name=f"effect-ledger:{path}", daemon=True)
+        thread.start()
+        try:
+            ledger = asyncio.run_coroutine_threadsafe(Ledger.open(path, **kwargs), loop).result()
+        except BaseException:
+            _stop(loop, thread)
+            raise
+        return cls(loop, thread, ledger)
+
+    def __enter__(self) -> SyncLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, relay_timeout: float = 10.0) -> None:
+        """Close the ledger (see ``Ledger.close``) and stop its thread. Closing twice is harmless."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._ledger.close(relay_timeout), self._loop).result()
+        finally:
+            _stop(self._loop, self._thread)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._closed:
+            coro.close()
+            raise LedgerClosed(f"ledger {self._ledger.store.path} is closed")
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise InvalidEffect("SyncLedger called from its own event loop (from inside a call?): use Ledger there")
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result()
+        except BaseException:
+            # KeyboardInterrupt or the like in the caller: cancel the operation on the loop, where
+            # Ledger records an interrupted call's outcome as unknown.
+            fut.cancel()
+            raise
+
+    @property
+    def ledger(self) -> Ledger:
+        """The async ``Ledger`` underneath (use it only from its own loop)."""
+        return self._ledger
+
+    @property
+    def store(self) -> Store:
+        return self._ledger.store
+
+    @property
+    def worker(self) -> str:
+        return self._ledger.worker
+
+    def now_ms(self) -> int:
+        return self._ledger.now_ms()
+
+    def execute(
+        self,
+        *,
+        target: str,
+        operation: str,
+        request: Any,
+        call: Callable[[str], Any],
+        run_id: str | None = None,
+        step: str | None = None,
+        key: str | None = None,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> Confirmation:
+        """``Ledger.execute`` for a synchronous ``call(key)``, run in a thread of its own under the
+        deadline (see the module's note on a call that outlives it)."""
+        if inspect.iscoroutinefunction(call):
+            raise InvalidEffect("SyncLedger runs plain functions; for an async call use Ledger.execute")
+        context = contextvars.copy_context()  # the caller's, not the loop thread's
+        return self._run(
+            self._ledger.execute(
+                target=target,
+                operation=operation,
+                request=request,
+                call=functools.partial(_in_thread, call, context),
+                run_id=run_id,
+                step=step,
+                key=key,
+                namespace=namespace,
+                timeout=timeout,
+            )
+        )
+
+    def record_receipt(
+        self, key: str, receipt_id: str, value: Any = None, *, source: ReceiptSource = ReceiptSource.WEBHOOK,
+        attempt: int = 0,
+    ) -> Effect:
+        """``Ledger.record_receipt``."""
+        return self._run(self._ledger.record_receipt(key, receipt_id, value, source=source, attempt=attempt))
+
+    def decide(
+        self, key: str, decision: DecisionKind | str, *, by: str, reason: str, receipt_id: str | None = None
+    ) -> Effect:
+        """``Ledger.decide``."""
+        return self._run(self._ledger.decide(key, decision, by=by, reason=reason, receipt_id=receipt_id))
+
+    def get(self, key: str) -> Effect | None:
+        """``Ledger.get``."""
+        return self._run(self._ledger.get(key))
+
+    def expire(self, key: str) -> Effect | None:
+        """``Ledger.expire``."""
+        return self._run(self._ledger.expire(key))
+
+    def effect(
+        self, *, target: str, operation: str | None = None, timeout: float | None = None,
+        key_arg: str = "idempotency_key",
+    ) -> Callable[[F], Callable[..., Any]]:
+        """``Ledger.effect`` for a plain function: its arguments are the request, it receives the
+        key as ``key_arg``; the wrapper takes ``run_id=``/``step=`` (or ``key=``) on top."""
+
+        def wrap(fn: F) -> Callable[..., Any]:
+            op, sig = self._ledger.check_wrapped(fn, operation, key_arg)
+
+            @functools.wraps(fn)
+            def wrapper(
+                *args: Any, run_id: str | None = None, step: str | None = None, key: str | None = None, **kwargs: Any
+            ) -> Any:
+                return self.execute(
+                    target=target,
+                    operation=op,
+                    request=bind_request(sig, key_arg, args, kwargs),
+                    run_id=run_id,
+                    step=step,
+                    key=key,
+                    timeout=timeout,
+                    call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
+                ).value
+
+            return wrapper
+
+        return wrap
+
+
+def _in_thread(call: Callable[[str], Any], context: contextvars.Context, key: str) -> asyncio.Future[Any]:
+    """Start ``call(key)`` in a daemon thread; the returned future (of the running loop) completes
+    with its result. A thread per call: a call that hangs past its deadline holds only itself."""
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[Any] = loop.create_future()
+    done: Future[Any] = Future()
+
+    def deliver(_: Future[Any]) -> None:
+        if result.done():  # the deadline fired first: nobody is waiting for this any more
+            return
+        exc = done.exception()
+        if exc is not None:
+            result.set_exception(exc)
+        else:
+            result.set_result(done.result())
+
+    def target() -> None:
+        try:
+            value = context.run(call, key)
+            if inspect.isawaitable(value):  # a lambda that returned a coroutine: run it here
+                value = asyncio.run(_awaited(value))
+            done.set_result(value)
+        except BaseException as e:
+            done.set_exception(e)
+
+    done.add_done_callback(lambda f: loop.call_soon_threadsafe(deliver, f) if not loop.is_closed() else None)
+    threading.Thread(target=target, name=f"effect-ledger call {key[:40]}", daemon=True).start()
+    return result
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()
