@@ -150,7 +150,14 @@ def test_reconcile_service_resolves_found_absent_and_escalates(kafka_config: Kaf
         TopicReader(cfg, cfg.topics.uncertain) as uncertain,
     ):
         proc = Processor(cfg, tmp_path / "data")
-        service = Reconcilers(cfg, tmp_path, ["--reconciler", f"payments={proxy.url}/refunds/by-key/{{key}}"])
+        # One declaration for the agents and the reconcilers: the gateway (asked through the proxy)
+        # and a mailer nobody can ask.
+        targets = tmp_path / "targets.toml"
+        targets.write_text(
+            f'[targets.payments]\nlookup = "{proxy.url}/refunds/by-key/{{key}}"\nhonours_keys = true\n\n'
+            '[targets.mailer]\nlookup = "none"\n'
+        )
+        service = Reconcilers(cfg, tmp_path, ["--targets", str(targets)])
         with running(proc, service):
             proc.wait_ready()
 
@@ -162,7 +169,8 @@ def test_reconcile_service_resolves_found_absent_and_escalates(kafka_config: Kaf
 
             # A target with no reconciler that does not honour keys: the call's outcome is unknown.
             async def mail() -> str:
-                async with await Ledger.open(str(tmp_path / "mailer.db"), kafka=cfg, sync=True) as ledger:
+                db = str(tmp_path / "mailer.db")
+                async with await Ledger.open(db, kafka=cfg, sync=True, targets=targets) as ledger:
                     with pytest.raises(EffectUncertain):
                         await ledger.execute(
                             target="mailer", operation="mail.send", key="mailer:receipt-mail-1",
