@@ -8,7 +8,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo demo-kafka test test-unit test-integration test-crash bench lint kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv demo demo-kafka test test-unit test-integration test-crash test-faults bench lint kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -16,7 +16,8 @@ help:
 	@echo "make test               every test tier; starts and stops its own Kafka broker"
 	@echo "make test-unit          unit tests only (no services)"
 	@echo "make test-integration   integration tests (real Kafka)"
-	@echo "make test-crash         crash/fault suite (kills real child processes)"
+	@echo "make test-crash         crash suite (kills real child processes)"
+	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make lint               ruff and mypy"
 	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
@@ -48,6 +49,9 @@ test-integration: venv
 
 test-crash: venv
 	@$(PY) -m pytest tests/crash $(PYTEST_ARGS)
+
+test-faults: venv
+	@bash scripts/with-kafka.sh $(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
 bench: venv
 	@bash scripts/with-kafka.sh $(PY) -m tests.bench $(BENCH_ARGS)
