@@ -176,8 +176,20 @@ def run(
     help="where the table's RocksDB files live",
 )
 @click.option("--store", default="rocksdb://", show_default=True, help="table store: rocksdb:// or memory://")
-@click.option("--web-host", default="127.0.0.1", show_default=True, help="host of the lookup view")
+@click.option(
+    "--web-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="address the lookup view listens on; beyond loopback (e.g. 0.0.0.0) it needs --web-token",
+)
 @click.option("--web-port", type=int, default=6066, show_default=True, help="port of the lookup view")
+@click.option(
+    "--web-token",
+    envvar="EFFECTS_WEB_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="lookups must carry 'Authorization: Bearer TOKEN' (prefer the environment variable: argv is visible)",
+)
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
@@ -189,6 +201,7 @@ def worker(
     store: str,
     web_host: str,
     web_port: int,
+    web_token: str | None,
     advertised_url: str | None,
     app_id: str,
     loglevel: str,
@@ -197,17 +210,12 @@ def worker(
     effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
     from pathlib import Path
 
+    from effect_ledger.processors.processor import ProcessorSettings
     from effect_ledger.processors.worker import run_worker
     from effect_ledger.streams.admin import BrokerUnavailable, ensure_topics, wait_ready
+    from effect_ledger.streams.errors import ConfigError
 
     cfg = _kafka(bootstrap, prefix, partitions)
-    try:
-        wait_ready(cfg, timeout=30)
-        ensure_topics(cfg)
-    except (BrokerUnavailable, ValueError) as e:
-        _fail(str(e))
-    from effect_ledger.processors.processor import ProcessorSettings
-
     settings = ProcessorSettings(
         kafka=cfg,
         app_id=app_id,
@@ -215,8 +223,15 @@ def worker(
         store=store,
         web_host=web_host,
         web_port=web_port,
+        web_token=web_token or None,
         advertised_url=advertised_url,
     )
+    try:
+        settings.check_web()  # before anything is contacted or started
+        wait_ready(cfg, timeout=30)
+        ensure_topics(cfg)
+    except (BrokerUnavailable, ConfigError, ValueError) as e:
+        _fail(str(e))
     run_worker(settings, loglevel=loglevel)
 
 

@@ -20,7 +20,11 @@ backoff has passed, so a restarted reconciler loses no work.
 
 Lookup: ``GET /effects/{key}`` is routed to the worker that owns the key's partition and answers
 only once the table has consumed that partition up to the high watermark seen when the request
-arrived (read-your-writes); after ``lookup_bound_s`` it answers 503 "lagging".
+arrived (read-your-writes); after ``lookup_bound_s`` it answers 503 "lagging". Every answer names
+the ``effect_id`` it is about. The view listens on ``web_host`` only; bound beyond loopback it
+needs a token (``web_token``), and with a token every lookup must carry it
+(``Authorization: Bearer``), else 401. faust's own pages (``/router``, ``/table``, statistics) are
+not served: they show the table's keys and the cluster's layout to whoever asks.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import bisect
+import hmac
+import ipaddress
 import logging
 import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import faust
 from faust.types import TP
@@ -43,6 +48,9 @@ from faust.web import Request, Response, View
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncertain_event
+from effect_ledger.streams.errors import ConfigError
+from effect_ledger.streams.keyurl import key_url
+from effect_ledger.streams.lookup import TOKEN_ENV
 from effect_ledger.streams.model import DeadLetter, State
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Backoff
@@ -108,8 +116,9 @@ class ProcessorSettings:
     app_id: str = "effect-ledger"
     data_dir: Path = Path("./effect-ledger-data")
     store: str = "rocksdb://"
-    web_host: str = "127.0.0.1"
+    web_host: str = "127.0.0.1"  # the address the lookup view listens on
     web_port: int = 6066
+    web_token: str | None = None  # required by lookups when set; needed when web_host is not loopback
     advertised_url: str | None = None  # how other workers reach this one's view (default: host:port)
     timer_interval_s: float = 0.25
     grace_ms: int = 1000
@@ -121,11 +130,32 @@ class ProcessorSettings:
     def full_app_id(self) -> str:
         return f"{self.kafka.prefix}{self.app_id}"
 
+    def check_web(self) -> None:
+        """Refuse a lookup view reachable beyond this machine without a token: it answers every
+        event of an effect, request bodies included."""
+        if not is_loopback(self.web_host) and not self.web_token:
+            raise ConfigError(
+                f"the lookup view would listen on {self.web_host}, beyond loopback, without a token: "
+                f"set --web-token or {TOKEN_ENV}, or listen on 127.0.0.1"
+            )
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or "localhost"; anything else (0.0.0.0, ::, an interface address, another
+    name) reaches beyond this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
 
 class LedgerProcessor:
     """Builds and holds the faust app. ``app`` is what ``faust.Worker`` runs."""
 
     def __init__(self, settings: ProcessorSettings) -> None:
+        settings.check_web()
         self.s = settings
         self.codec = codec_mod.default_codec()
         k = settings.kafka
@@ -141,7 +171,14 @@ class LedgerProcessor:
             processing_guarantee="at_least_once",
             consumer_auto_offset_reset="earliest",
             web_host=settings.web_host,
+            web_bind=settings.web_host,  # faust binds 0.0.0.0 unless told; web_host only names it
             web_port=settings.web_port,
+            # faust's own pages list the table's keys and the cluster's layout: not served.
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_graph_enabled=False,
+            web_stats_enabled=False,
+            web_metrics_enabled=False,
             canonical_url=settings.advertised_url or f"http://{settings.web_host}:{settings.web_port}",
             web_in_thread=False,
             table_standby_replicas=0,
@@ -206,6 +243,8 @@ class LedgerProcessor:
         @app.page("/effects/{key}")
         class EffectPage(View):
             async def get(self, request: Request, key: str) -> Response:
+                if not processor.authorized(request):
+                    return self.json({"error": "a lookup token is required (Authorization: Bearer)"}, status=401)
                 # faust serves the web view before the worker owns partitions: until then nobody
                 # can say whether the table is complete.
                 if not processor.ready:
@@ -229,6 +268,14 @@ class LedgerProcessor:
                         "open": len(processor.index),
                     }
                 )
+
+    def authorized(self, request: Request) -> bool:
+        """No token configured (loopback only, see ``check_web``), or the request carries it."""
+        token = self.s.web_token
+        if not token:
+            return True
+        given = request.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
     @property
     def ready(self) -> bool:
@@ -435,12 +482,13 @@ class LedgerProcessor:
         own = self.app.conf.canonical_url
         urls = {str(u) for u in getattr(self.app.assignor, "_tps_url", {}).values()} - {str(own)}
         timeout = aiohttp.ClientTimeout(total=self.s.lookup_bound_s + 5)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        # The workers of one app share the token (one setting for the cluster).
+        headers = {"Authorization": f"Bearer {self.s.web_token}"} if self.s.web_token else {}
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
             for url in sorted(urls):
+                template = url.rstrip("/").replace("{", "{{").replace("}", "}}") + "/effects/{key}?owner-only=1"
                 try:
-                    async with session.get(
-                        f"{url.rstrip('/')}/effects/{quote(key, safe='')}", params={"owner-only": "1"}
-                    ) as r:
+                    async with session.get(key_url(template, key), allow_redirects=False) as r:
                         if r.status == 421:
                             continue
                         return view.json(await r.json(content_type=None), status=r.status)

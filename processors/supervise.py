@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.keys import key_path_segment
+from effect_ledger.streams.lookup import TOKEN_ENV
 
 
 def free_port() -> int:
@@ -32,9 +34,10 @@ def _env() -> dict[str, str]:
 
 
 class Service:
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.args = args
         self.log_path = log
+        self.env = env or {}  # on top of this process's environment
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
@@ -44,7 +47,7 @@ class Service:
             [sys.executable, "-m", "effect_ledger", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=_env(),
+            env={**_env(), **self.env},
             start_new_session=True,
         )
         return self
@@ -72,12 +75,24 @@ class Service:
 
 
 class Processor(Service):
-    """``effects worker`` on a fresh port with its own data dir."""
+    """``effects worker`` on a fresh port with its own data dir. ``web_host``: where it listens
+    (reached through 127.0.0.1 in any case); ``token``: its lookup token, given through the
+    environment (not argv, which every local user can read)."""
 
-    def __init__(self, cfg: KafkaConfig, data_dir: Path, port: int | None = None, *, store: str = "rocksdb://") -> None:
+    def __init__(
+        self,
+        cfg: KafkaConfig,
+        data_dir: Path,
+        port: int | None = None,
+        *,
+        store: str = "rocksdb://",
+        web_host: str = "127.0.0.1",
+        token: str | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = cfg
+        self.token = token
         super().__init__(
             [
                 "worker",
@@ -89,6 +104,8 @@ class Processor(Service):
                 str(cfg.partitions),
                 "--data-dir",
                 str(data_dir),
+                "--web-host",
+                web_host,
                 "--web-port",
                 str(self.port),
                 "--store",
@@ -97,6 +114,7 @@ class Processor(Service):
                 "info",
             ],
             data_dir.parent / f"worker-{self.port}.log",
+            env={TOKEN_ENV: token} if token else None,
         )
 
     def health(self) -> dict[str, Any] | None:
@@ -122,10 +140,11 @@ class Processor(Service):
         raise TimeoutError(f"processor not ready after {timeout} s:\n{self.log()[-4000:]}")
 
     def lookup(self, key: str) -> tuple[int, dict[str, Any]]:
-        from urllib.parse import quote
-
+        req = urllib.request.Request(f"{self.url}/effects/{key_path_segment(key)}")
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(f"{self.url}/effects/{quote(key, safe='')}", timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read() or b"{}")

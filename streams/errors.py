@@ -82,6 +82,11 @@ class TargetsError(LedgerError):
     """The targets declaration is missing or malformed; the message names the file and the line."""
 
 
+class ConfigError(LedgerError):
+    """A service's settings are unsafe or inconsistent, e.g. the processor's lookup view bound beyond
+    loopback without a token. Nothing was started."""
+
+
 class StorageError(LedgerError):
     """The ledger file could not be read or written (disk full, a corrupt page, not a ledger file).
     ``__cause__`` is the database error."""

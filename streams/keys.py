@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 from typing import Any
+from urllib.parse import quote
 
 from effect_ledger.streams.errors import InvalidEffect
 
@@ -35,7 +36,23 @@ def check_key(key: object) -> str:
         raise InvalidEffect(f"effect key is {len(key)} characters; at most {MAX_KEY_LENGTH}")
     if not _KEY.fullmatch(key):
         raise InvalidEffect(f"invalid effect key {key!r}: printable ASCII without spaces")
+    if not key.strip("."):
+        # "." and ".." are the names of "this folder" and "the parent" in a URL path: a destination,
+        # or a proxy in front of it, may resolve them even percent-encoded, and ask about another key.
+        raise InvalidEffect(f"invalid effect key {key!r}: a key made only of dots is a URL path step, not a name")
     return key
+
+
+def key_path_segment(key: str) -> str:
+    """The key as one URL path segment, injective for every key: every byte outside
+    ``A-Z a-z 0-9 - _ ~`` is percent-encoded, the dot included, so no key becomes ``.`` or ``..``
+    (which a URL client or server resolves to another path) and none contains ``/``. ``%`` itself
+    is encoded, so no two keys share a segment. Every client that puts a key in a URL uses this.
+
+    The segment must reach the wire as it is: HTTP clients that normalise a URL decode ``%2E``
+    back to ``.`` first (aiohttp does, for a ``str``): give aiohttp ``yarl.URL(url, encoded=True)``
+    (``effect_ledger.streams.keyurl``)."""
+    return quote(key, safe="").replace(".", "%2E")
 
 
 def effect_key(target: str, operation: str, run_id: str, step: str, namespace: str = DEFAULT_NAMESPACE) -> str:

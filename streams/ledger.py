@@ -150,6 +150,7 @@ class Ledger:
         sync: bool = False,
         sync_timeout: float = 10.0,
         lookup: str | None = None,
+        lookup_token: str | None = None,
     ) -> Ledger:
         """Open (or create) the ledger file.
 
@@ -167,6 +168,8 @@ class Ledger:
         ``sync_timeout`` s; then the effect is FAILED without a call). ``lookup`` is the ledger
         processor's URL: a key this file does not know, or knows only as open, is looked up there
         first, so an agent restarted on another host sees what its predecessor did.
+        ``lookup_token`` is the processor's lookup token (``effects worker --web-token``), by default
+        ``$EFFECTS_WEB_TOKEN``.
         """
         declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
         store = await Store.open(path, Durability(durability))
@@ -184,7 +187,7 @@ class Ledger:
         if lookup is not None:
             from effect_ledger.streams.lookup import ProcessorLookup
 
-            ledger._lookup = ProcessorLookup(lookup)
+            ledger._lookup = ProcessorLookup(lookup, token=lookup_token)
         return ledger
 
     async def __aenter__(self) -> Ledger:

@@ -9,7 +9,11 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     honours_keys = true                  # the destination deduplicates Idempotency-Key ...
     key_retention = "24h"                # ... for this long ("forever" if it never forgets)
     definite_errors = ["myapp.gateway:RefundRejected"]   # "rejected, nothing happened"
-    headers = { Authorization = "Bearer ${GATEWAY_TOKEN}" }   # ${VAR}: from the environment
+    headers = { Authorization = "Bearer ${GATEWAY_TOKEN}" }   # ${VAR}: from the environment;
+                                         # sent to the lookup URL's own origin only
+    redirects = "none"                   # "same-origin" follows redirects on the same host; a
+                                         # redirect elsewhere is never followed (Unknown)
+    max_body = 262144                    # bytes of an answer read at most (default 256 KiB)
 
     [targets.tickets]
     reconciler = "myapp.tickets:find_ticket"   # fn(EffectView) -> Found | Absent | Unknown
@@ -34,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from effect_ledger.streams.errors import TargetsError
-from effect_ledger.streams.http_reconciler import HttpReconciler
+from effect_ledger.streams.http_reconciler import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.streams.keys import check_name
 from effect_ledger.streams.reconcile import Backoff, CallableReconciler, Reconciler, Target
 from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
@@ -53,6 +57,8 @@ _HTTP = {
     "state_field",
     "absent_values",
     "pending_values",
+    "redirects",
+    "max_body",
 }
 _BACKOFF = {"first", "factor", "max", "tries"}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -222,6 +228,16 @@ def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError])
     for field in ("absent_values", "pending_values"):
         if field in body:
             kwargs[field] = _strings(body, field, fail)
+    if "redirects" in body:
+        if body["redirects"] not in ("none", "same-origin"):
+            raise fail('redirects must be "none" or "same-origin" (a redirect to another host is never followed)',
+                       "redirects")  # fmt: skip
+        kwargs["redirects"] = body["redirects"]
+    if "max_body" in body:
+        size = body["max_body"]
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BODY_LIMIT:
+            raise fail(f"max_body must be a number of bytes from 1 to {MAX_BODY_LIMIT}", "max_body")
+        kwargs["max_body"] = size
     try:
         return HttpReconciler(url, **kwargs)
     except ValueError as e:

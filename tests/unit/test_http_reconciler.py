@@ -174,7 +174,25 @@ def test_url_template_quotes_the_key() -> None:
     assert r.url_for(view("payments:ab/c?d#e%f+g&h=i")) == (
         "http://gw/payments/refund.create/by-key/payments%3Aab%2Fc%3Fd%23e%25f%2Bg%26h%3Di?x=1"
     )
-    assert r.url_for(view("plain-key_1.2~3")) == "http://gw/payments/refund.create/by-key/plain-key_1.2~3?x=1"
+    # Dots too: a key made of dots must never become a "." or ".." path step.
+    assert r.url_for(view("plain-key_1.2~3")) == "http://gw/payments/refund.create/by-key/plain-key_1%2E2~3?x=1"
+    assert r.url_for(view("..")) == "http://gw/payments/refund.create/by-key/%2E%2E?x=1"
+
+
+def test_template_with_the_key_in_the_host_is_refused() -> None:
+    """The origin is where the headers go and whose answer counts: the key may not choose it."""
+    for url in ("http://{key}/refunds", "http://gw.{key}.example/x", "/relative/{key}", "http://gw/{key}/{nope}"):
+        with pytest.raises(ValueError):
+            HttpReconciler(url)
+    HttpReconciler("http://{target}.gw.example/by-key/{key}")  # the target is declared, not chosen by a caller
+
+
+def test_bad_redirect_and_body_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="redirects"):
+        HttpReconciler("http://gw/{key}", redirects="all")  # type: ignore[arg-type]
+    for size in (0, -1, 16 * 2**20 + 1, True, 1.5):
+        with pytest.raises(ValueError, match="max_body"):
+            HttpReconciler("http://gw/{key}", max_body=size)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("key", ["order/123", "50%off", "k?x=1#frag"])
@@ -193,6 +211,63 @@ def test_headers_are_sent(gw: dict[str, Gateway]) -> None:
     made = run(refund(g, "k-h"))
     r = lookup(g, headers={"Authorization": "Bearer test"})
     assert run(r.check(view("k-h"))) == Found(made["id"], made)
+
+
+# --- redirects and body size, over loopback -----------------------------------------------------------------
+
+
+def test_same_origin_redirect_is_followed_when_allowed_with_the_headers(tmp_path: Path) -> None:
+    from tests.faults.http_servers import LoopbackServer, Reply
+
+    def answer(path: str) -> Reply:
+        if path.startswith("/old/"):
+            return Reply(308, b"", {"Location": "/new/" + path[len("/old/") :]})
+        return Reply(200, json.dumps({"id": "re_7", "path": path}).encode())
+
+    with LoopbackServer(answer) as srv:
+        url = f"{srv.url}/old/{{key}}"
+        assert isinstance(run(HttpReconciler(url, headers={"X-Api-Key": "k"}).check(view("a.b"))), Unknown)
+        r = HttpReconciler(url, headers={"X-Api-Key": "k"}, redirects="same-origin")
+        assert run(r.check(view("a.b"))) == Found("re_7", {"id": "re_7", "path": "/new/a%2Eb"})
+        assert [s.headers.get("x-api-key") for s in srv.seen[-2:]] == ["k", "k"]
+
+
+def test_endless_same_origin_redirects_are_unknown() -> None:
+    from tests.faults.http_servers import LoopbackServer, Reply
+
+    with LoopbackServer(lambda path: Reply(302, b"", {"Location": path + "x"})) as srv:
+        answer = run(HttpReconciler(f"{srv.url}/{{key}}", redirects="same-origin").check(view("k")))
+        assert isinstance(answer, Unknown) and "more than 5 redirects" in answer.reason
+        assert len(srv.seen) == 6
+
+
+def test_answer_up_to_max_body_is_read_and_one_byte_more_is_unknown() -> None:
+    from tests.faults.http_servers import LoopbackServer, Reply
+
+    body = json.dumps({"id": "re_1", "pad": "x" * 1000}).encode()
+    with LoopbackServer(lambda path: Reply(200, iter([body[:10], body[10:]]))) as srv:
+        assert run(HttpReconciler(f"{srv.url}/{{key}}", max_body=len(body)).check(view("k"))) == Found(
+            "re_1", json.loads(body)
+        )
+        answer = run(HttpReconciler(f"{srv.url}/{{key}}", max_body=len(body) - 1).check(view("k")))
+        assert isinstance(answer, Unknown) and f"over {len(body) - 1} bytes" in answer.reason
+
+
+def test_targets_file_sets_redirects_and_max_body(tmp_path: Path) -> None:
+    from effect_ledger.streams.errors import TargetsError
+    from effect_ledger.streams.targets import parse_targets
+
+    (t,) = parse_targets(
+        '[targets.payments]\nlookup = "http://gw/by-key/{key}"\nredirects = "same-origin"\nmax_body = 4096\n'
+    )
+    assert isinstance(t.reconciler, HttpReconciler)
+    assert (t.reconciler.redirects, t.reconciler.max_body) == ("same-origin", 4096)
+    (d,) = parse_targets('[targets.payments]\nlookup = "http://gw/by-key/{key}"\n')
+    assert isinstance(d.reconciler, HttpReconciler)
+    assert (d.reconciler.redirects, d.reconciler.max_body) == ("none", 256 * 1024)
+    for bad in ('redirects = "all"', "max_body = 0", 'max_body = "1MB"', "max_body = 99999999999"):
+        with pytest.raises(TargetsError, match=":3: "):  # the line of the bad setting
+            parse_targets(f'[targets.payments]\nlookup = "http://gw/by-key/{{key}}"\n{bad}\n')
 
 
 # --- inside the ledger -------------------------------------------------------------------------------------
