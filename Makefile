@@ -21,12 +21,12 @@ help:
 	@echo "make lint               ruff and mypy"
 	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
 
-# The virtualenv is rebuilt when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
+# The virtualenv is rebuilt when pyproject.toml or constraints.txt changes.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -e ".[kafka,processor,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
