@@ -8,7 +8,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo demo-kafka test test-unit test-integration test-crash test-faults bench lint kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv demo demo-kafka test test-unit test-integration test-crash test-faults bench lint wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -20,14 +20,15 @@ help:
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make lint               ruff and mypy"
+	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
 	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
 
-# The virtualenv is rebuilt when pyproject.toml changes.
-$(VENV)/.installed: pyproject.toml
+# The virtualenv is rebuilt when pyproject.toml or constraints.txt changes.
+$(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -e ".[kafka,processor,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -65,6 +66,11 @@ lint: venv
 	@for d in schemas streams processors; do ln -s "$(CURDIR)/$$d" .typecheck/effect_ledger/$$d; done
 	@$(VENV)/bin/mypy
 
+# The wheel users install (tests/unit/test_wheel.py builds the same one and tries it in a fresh venv).
+wheel: venv
+	@rm -rf dist && $(PY) -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
+	@ls dist/*.whl
+
 kafka-fetch:
 	@bash scripts/kafka.sh fetch
 
@@ -79,4 +85,4 @@ kafka-status:
 
 clean:
 	@bash scripts/kafka.sh down >/dev/null 2>&1 || true
-	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache .typecheck build bench-results.json
+	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache .typecheck build dist *.egg-info bench-results.json

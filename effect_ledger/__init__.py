@@ -32,6 +32,7 @@ from effect_ledger.streams.errors import (
     LedgerError,
     LedgerLagging,
     LedgerUnavailable,
+    MissingExtra,
     StorageError,
     TargetsError,
     UnknownTarget,
@@ -96,4 +97,5 @@ __all__ = [
     "LedgerClosed",
     "LedgerUnavailable",
     "LedgerLagging",
+    "MissingExtra",
 ]

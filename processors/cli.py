@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.extras import explain, require
 
 console = Console(highlight=False)
 
@@ -43,7 +44,26 @@ def _kafka(bootstrap: str | None, prefix: str | None, partitions: int | None) ->
     return KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
 
 
-@click.group()
+class EffectsGroup(click.Group):
+    """The command group of ``effects``. The Kafka commands import their optional dependencies
+    (the ``[kafka]`` / ``[processor]`` extras) when they run; if one is not installed, this is the
+    one place that says so: one line naming the extra to install, exit 1, no traceback."""
+
+    group_class = type  # subgroups (``effects topics``) are EffectsGroups too
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ImportError as e:
+            command = " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))
+            why = explain(e, command)
+            if why is None:
+                raise
+            click.echo(str(why), err=True)
+            sys.exit(1)
+
+
+@click.group(cls=EffectsGroup)
 @click.option("-v", "--verbose", is_flag=True, help="log what the services do")
 def main(verbose: bool) -> None:
     """effect-ledger: an event-sourced ledger of external side effects."""
@@ -57,6 +77,7 @@ def main(verbose: bool) -> None:
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
     """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
     if kafka:
+        require("processor", "effects demo --kafka")  # it starts a processor: say so before anything runs
         from effect_ledger.processors.demo.story_kafka import run_kafka_demo
 
         sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout))

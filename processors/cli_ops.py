@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import click
-from confluent_kafka import KafkaException
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -42,8 +41,17 @@ def user_errors() -> Iterator[None]:
         yield
     except (SourceError, TimeSpecError, BrokerUnavailable, ValueError) as e:
         fail(str(e))
-    except KafkaException as e:
+    except Exception as e:
+        if not _is_kafka_exception(e):
+            raise
         fail(f"Kafka: {e.args[0].str() if e.args else e}")
+
+
+def _is_kafka_exception(e: Exception) -> bool:
+    # confluent-kafka is optional (the [kafka] extra): if it was never imported, nothing raised
+    # one of its exceptions, and the embedded commands must not import it just to ask.
+    ck = sys.modules.get("confluent_kafka")
+    return ck is not None and isinstance(e, ck.KafkaException)
 
 
 def source_options(fn: Any) -> Any:

@@ -1,5 +1,8 @@
 """Topic administration: create the topics of effect-ledger idempotently, list them, and wait for a
-broker to answer."""
+broker to answer.
+
+confluent-kafka (the ``[kafka]`` extra) is imported inside the functions that talk to the broker:
+the operator CLI imports this module for ``BrokerUnavailable`` in the base install too."""
 
 from __future__ import annotations
 
@@ -7,11 +10,12 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from typing import TYPE_CHECKING, Any
 
 from effect_ledger.streams.config import KafkaConfig
+
+if TYPE_CHECKING:
+    from confluent_kafka.admin import AdminClient
 
 
 class BrokerUnavailable(RuntimeError):
@@ -40,14 +44,18 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
     ]
 
 
-def admin_client(cfg: KafkaConfig) -> AdminClient:
-    return AdminClient(cfg.confluent())
+def admin_client(cfg: KafkaConfig, **overrides: Any) -> AdminClient:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(cfg.confluent(**overrides))
 
 
 def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
     """Block until a broker answers a metadata request; returns the number of brokers seen."""
+    from confluent_kafka import KafkaException
+
     # Refused connections are expected while the broker starts: keep librdkafka quiet about them.
-    admin = AdminClient(cfg.confluent(log_level=0))
+    admin = admin_client(cfg, log_level=0)
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
@@ -67,6 +75,9 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0) -> dict[str, str]:
     """Create every topic that does not exist yet. Returns ``{topic: 'created' | 'exists'}``.
     An existing topic with a different partition count is an error, not silently accepted: the
     processor's co-partitioning depends on it."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
     admin = admin_client(cfg)
     specs = topic_specs(cfg)
     md = admin.list_topics(timeout=timeout)
@@ -124,6 +135,8 @@ def list_topics(cfg: KafkaConfig, timeout: float = 10.0) -> dict[str, int]:
 def delete_topics(cfg: KafkaConfig, names: list[str], timeout: float = 30.0) -> None:
     if not names:
         return
+    from confluent_kafka import KafkaError, KafkaException
+
     admin = admin_client(cfg)  # must outlive its futures: a destroyed client fails them all
     for fut in admin.delete_topics(names, operation_timeout=timeout).values():
         try:

@@ -51,6 +51,8 @@ class Topics:
 
 @dataclass(frozen=True)
 class KafkaConfig:
+    """Where the Kafka cluster is and how to reach it; ``from_env`` reads the variables above."""
+
     bootstrap: str = DEFAULT_BOOTSTRAP
     prefix: str = ""
     partitions: int = 6

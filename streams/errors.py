@@ -90,3 +90,14 @@ class ConfigError(LedgerError):
 class StorageError(LedgerError):
     """The ledger file could not be read or written (disk full, a corrupt page, not a ledger file).
     ``__cause__`` is the database error."""
+
+
+class MissingExtra(LedgerError, ImportError):
+    """A Kafka feature was asked for, but the optional dependencies it needs are not installed
+    (the base install is the embedded SDK and the operator CLI). The message names the extra:
+    ``pip install 'effect-ledger-kafka[kafka]'`` or ``[processor]``."""
+
+    def __init__(self, extra: str, feature: str, distribution: str) -> None:
+        super().__init__(f"{feature} needs the {extra} extra: pip install '{distribution}[{extra}]'")
+        self.extra = extra
+        self.feature = feature

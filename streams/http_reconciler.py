@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
 from yarl import URL
 
 from effect_ledger.streams.keyurl import key_url, origin
+
+if TYPE_CHECKING:
+    import aiohttp
+
 from effect_ledger.streams.reconcile import Absent, Answer, CallableReconciler, EffectView, Found, Unknown
 
 __all__ = ["HttpReconciler", "CallableReconciler", "DEFAULT_MAX_BODY", "MAX_BODY_LIMIT"]
@@ -80,7 +83,7 @@ class HttpReconciler:
         self._absent_values = frozenset(absent_values)
         self._pending_values = frozenset(pending_values)
         self._headers = dict(headers or {})
-        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._timeout_s = timeout
 
     def url_for(self, effect: EffectView) -> str:
         return str(self._url(effect))
@@ -89,9 +92,13 @@ class HttpReconciler:
         return key_url(self.url, effect.effect_id, target=effect.target, operation=effect.operation)
 
     async def check(self, effect: EffectView) -> Answer:
+        # Imported here, not at the top: aiohttp is most of the import time of `import effect_ledger`,
+        # and most programs that import it never ask a destination.
+        import aiohttp
+
         url = self._url(effect)
         try:
-            async with aiohttp.ClientSession(timeout=self._timeout) as s:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s)) as s:
                 return await self._ask(s, url)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             return Unknown(f"GET {url}: {type(e).__name__}: {e}")

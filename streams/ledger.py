@@ -46,6 +46,7 @@ from effect_ledger.streams.errors import (
     LedgerUnavailable,
     UnknownTarget,
 )
+from effect_ledger.streams.extras import require
 from effect_ledger.streams.keys import DEFAULT_NAMESPACE, canonical_json, check_key, check_name, digest, effect_key
 from effect_ledger.streams.model import (
     OPEN_STATES,
@@ -169,9 +170,12 @@ class Ledger:
         processor's URL: a key this file does not know, or knows only as open, is looked up there
         first, so an agent restarted on another host sees what its predecessor did.
         ``lookup_token`` is the processor's lookup token (``effects worker --web-token``), by default
-        ``$EFFECTS_WEB_TOKEN``.
+        ``$EFFECTS_WEB_TOKEN``. Kafka mode needs the ``[kafka]`` extra (confluent-kafka): without
+        it, ``MissingExtra`` is raised before the file is opened.
         """
         declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
+        if kafka is not None:
+            require("kafka", "Ledger.open(kafka=...)")  # likewise a missing Kafka client
         store = await Store.open(path, Durability(durability))
         ledger = cls(store, clock, default_timeout, namespace)
         for t in declared:

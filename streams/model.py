@@ -11,6 +11,10 @@ from enum import StrEnum
 
 
 class State(StrEnum):
+    """Where an effect stands (DESIGN.md, "States"). Open: PENDING, EXECUTED, UNCERTAIN; settled:
+    CONFIRMED, FAILED, ABSENT; waiting for a person: ESCALATED; closed by one: ABANDONED,
+    COMPENSATED."""
+
     PENDING = "PENDING"
     EXECUTED = "EXECUTED"
     CONFIRMED = "CONFIRMED"
@@ -39,6 +43,9 @@ class Outcome(StrEnum):
 
 
 class ReceiptSource(StrEnum):
+    """Who delivered an effect's receipt: the call's own return, a webhook, a reconciler, or a
+    person (``effects resolve --confirmed``)."""
+
     CALL = "CALL"
     WEBHOOK = "WEBHOOK"
     RECONCILER = "RECONCILER"
@@ -53,6 +60,10 @@ class Verdict(StrEnum):
 
 
 class DecisionKind(StrEnum):
+    """A person's decision on an effect (``Ledger.decide``, ``effects resolve``): it happened
+    (CONFIRMED, with a receipt id), it never happened (ABSENT: the agent may execute it), close it
+    (ABANDONED), or it was undone (COMPENSATED)."""
+
     CONFIRMED = "CONFIRMED"
     ABSENT = "ABSENT"
     ABANDONED = "ABANDONED"

@@ -28,17 +28,23 @@ from effect_ledger.streams.model import Executed, Outcome, Resolution, Uncertain
 
 @dataclass(frozen=True, slots=True)
 class Found:
+    """A reconciler's answer: the destination has the effect, under ``receipt_id``."""
+
     receipt_id: str
     value: Any = None
 
 
 @dataclass(frozen=True, slots=True)
 class Absent:
+    """A reconciler's answer: the destination proves the effect never happened."""
+
     reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Unknown:
+    """A reconciler's answer: it cannot tell (yet); asked again with backoff, then escalated."""
+
     reason: str
 
 
@@ -61,6 +67,9 @@ class EffectView:
 
 
 class Reconciler(Protocol):
+    """Asks one destination whether an effect happened, by its idempotency key: ``check`` returns
+    ``Found``, ``Absent`` or ``Unknown`` (see ``HttpReconciler``, ``CallableReconciler``)."""
+
     name: str
 
     async def check(self, effect: EffectView) -> Answer: ...

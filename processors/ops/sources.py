@@ -2,6 +2,9 @@
 
 Replays stream: events are yielded one at a time and never collected into a list, so a replay of
 millions of events runs in the memory of what is folded from them.
+
+confluent-kafka (the ``[kafka]`` extra) is imported only by the Kafka readers: ``db_events`` works
+in the base install.
 """
 
 from __future__ import annotations
@@ -11,13 +14,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from typing import TYPE_CHECKING
 
 from effect_ledger.streams.codec import DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.model import EffectState, Event
 from effect_ledger.streams.partition import partition_for
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, TopicPartition
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -35,6 +40,8 @@ class Replayed:
 
 
 def _consumer(cfg: KafkaConfig) -> Consumer:
+    from confluent_kafka import Consumer
+
     return Consumer(
         cfg.confluent(
             **{
@@ -50,6 +57,8 @@ def _consumer(cfg: KafkaConfig) -> Consumer:
 
 
 def _partitions(c: Consumer, topic: str) -> list[int]:
+    from confluent_kafka import KafkaException
+
     try:
         md = c.list_topics(topic, timeout=10)
     except KafkaException as e:
@@ -63,6 +72,8 @@ def _partitions(c: Consumer, topic: str) -> list[int]:
 def _ranges(c: Consumer, topic: str, parts: list[int], from_ms: int | None) -> list[TopicPartition]:
     """Start offsets (at ``from_ms`` by offsets_for_times, or the beginning) and the end offsets
     (high watermarks when the replay starts: later records are not part of it)."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+
     starts: dict[int, int] = {}
     if from_ms is None:
         for p in parts:

@@ -1,4 +1,7 @@
-"""Read models for operators: stuck effects, escalations, one effect's timeline, decisions."""
+"""Read models for operators: stuck effects, escalations, one effect's timeline, decisions.
+
+Each reads an embedded ledger file (``db=``, base install) or the Kafka topics (``cfg=``, the
+``[kafka]`` extra, imported only on that path)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,6 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from confluent_kafka import Producer
 
 from effect_ledger.processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
 from effect_ledger.streams.codec import default_codec
@@ -27,7 +28,6 @@ from effect_ledger.streams.model import (
     State,
     Timeout,
 )
-from effect_ledger.streams.relay import producer_config
 
 INTERMEDIATE = (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED)
 
@@ -190,6 +190,10 @@ def decide(
 ) -> Decision:
     """Kafka mode: write a person's decision to ``effects.events`` (embedded mode uses
     ``Ledger.decide``). Refuses a key nobody has written."""
+    from confluent_kafka import Producer
+
+    from effect_ledger.streams.relay import producer_config
+
     effect = fold(list(key_events(cfg, key)))
     if effect is None:
         raise SourceError(f"no effect with key {key!r} on {cfg.topics.events}")
