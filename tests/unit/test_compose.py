@@ -307,3 +307,17 @@ def test_image_installs_the_built_wheel() -> None:
     assert "pyproject.toml" in " ".join(ln for ln in lines if ln.startswith("COPY "))
     ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines() if ln.strip()}
     assert not ignored & {"effect_ledger", "schemas", "streams", "processors", "pyproject.toml", "constraints.txt"}
+
+
+def test_a_lookup_view_beyond_loopback_has_a_token(compose: dict[str, Any]) -> None:
+    """The worker refuses to listen beyond loopback without a lookup token; compose must give one
+    (required from the environment, never a default written in the file)."""
+    for name, service in compose["services"].items():
+        command = [str(c) for c in service.get("command", [])]
+        if "--web-host" not in command:
+            continue
+        host = command[command.index("--web-host") + 1]
+        if host in ("127.0.0.1", "localhost", "::1"):
+            continue
+        token = str(service.get("environment", {}).get("EFFECTS_WEB_TOKEN", ""))
+        assert token.startswith("${EFFECTS_WEB_TOKEN:?"), (name, token)
