@@ -94,38 +94,3 @@ def test_reopened_ledger_asks_the_reconciler_about_a_dead_same_process_claim(tmp
             await b.close()
 
     run(body())
-
-
-def test_a_live_in_flight_call_of_another_open_ledger_still_holds_the_key(tmp_path: Path) -> None:
-    """The other side of the rule: while ledger A is open and its call is in flight, B must wait,
-    even past A's deadline (A's own timeout ends the call and records the outcome)."""
-    path = str(tmp_path / "effects.db")
-    clock = FakeClock()
-    target = Target(TARGET, reconciler=reconciler_of(Absent("no such refund")))
-    dest = Destination()
-
-    async def body() -> None:
-        entered, release = asyncio.Event(), asyncio.Event()
-
-        async def slow(key: str) -> Any:
-            entered.set()
-            await release.wait()
-            return {"id": "re_a"}
-
-        a = await Ledger.open(path, targets=[target], clock=clock)
-        b = await Ledger.open(path, targets=[target], clock=clock)
-        try:
-            task = asyncio.create_task(execute(a, slow, timeout=10))
-            await asyncio.wait_for(entered.wait(), 10)
-            clock.advance(10_001)
-            with pytest.raises(EffectInProgress):
-                await execute(b, dest, timeout=10)
-            release.set()
-            assert (await task).receipt_id == "re_a"
-            again = await execute(b, dest, timeout=10)
-            assert not again.called and again.receipt_id == "re_a" and dest.calls == []
-        finally:
-            await a.close()
-            await b.close()
-
-    run(body())
