@@ -310,19 +310,24 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     except BrokerUnavailable as e:
         _fail(str(e))
 
-    async def go() -> int:
+    async def go() -> tuple[int, int]:
         store = await Store.open(db)
         try:
             pending = await store.outbox_depth()
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
-                sent = await Relay(store, cfg).drain(lambda n: progress.update(task, completed=n))
-            return sent
+                relay = Relay(store, cfg)
+                sent = await relay.drain(lambda n: progress.update(task, completed=n))
+            return sent, relay.stats.dead_letters
         finally:
             await store.close()
 
-    sent = asyncio.run(go())
+    sent, dead = asyncio.run(go())
     click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
+    if dead:
+        # Refused by Kafka for good (too large, invalid): kept in the file's dead_letters table.
+        click.echo(f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on "
+                   f"{cfg.topics.dlq})")
 
 
 def _register_ops() -> None:

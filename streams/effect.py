@@ -32,6 +32,7 @@ import bisect
 from dataclasses import dataclass
 
 from effect_ledger.streams.model import (
+    INEXACT_PREFIX,
     Decision,
     DecisionKind,
     EffectState,
@@ -262,6 +263,8 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         flags.append(Flag.CONFLICT)
     if not intents:
         flags.append(Flag.NO_INTENT)
+    if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
+        flags.append(Flag.INEXACT_RECEIPT)
 
     state, reason, deadline = _state_of(facts, latest, intent, evidence)
     return Effect(

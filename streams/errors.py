@@ -11,6 +11,52 @@ class InvalidEffect(LedgerError, ValueError):
     """Bad input: a target or operation name, a key, a request that is not JSON, a bad timeout."""
 
 
+class EffectTooLarge(InvalidEffect):
+    """An input over its documented size limit (``effect_ledger.streams.limits``): refused before
+    anything is written or called."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"{what} is {size} bytes, over the {limit}-byte limit (see effect_ledger.streams.limits): "
+            "nothing was written or called"
+        )
+        self.what = what
+        self.size = size
+        self.limit = limit
+
+
+class UnknownEffect(InvalidEffect):
+    """``record_receipt`` or ``decide`` named a key this ledger has never seen. A receipt that may
+    legitimately arrive before its intent (another host executed it) is recorded with
+    ``record_receipt(..., allow_unknown=True)``."""
+
+    def __init__(self, effect_id: str, where: str) -> None:
+        super().__init__(f"no effect with key {effect_id!r} in {where}")
+        self.effect_id = effect_id
+
+
+class ReceiptNotRecordable(LedgerError):
+    """The call succeeded and the effect is recorded CONFIRMED, but what it returned could not be
+    recorded exactly: not JSON (mixed key types, a circular structure, an object), over the size
+    limit, or the target's ``receipt_id`` function raised. The ledger holds a flagged
+    representation (INEXACT_RECEIPT) and a receipt id (a digest when none could be had) and will
+    not call again; a later ``execute`` returns that record. ``confirmation`` is this call's result,
+    with the value exactly as the call returned it. Raised so the integration can be fixed: make
+    the call return JSON-serialisable data within the limits."""
+
+    def __init__(self, confirmation: object, reason: str) -> None:
+        effect_id = getattr(confirmation, "effect_id", "?")
+        receipt_id = getattr(confirmation, "receipt_id", "?")
+        super().__init__(
+            f"effect {effect_id} executed and is recorded CONFIRMED (receipt {receipt_id}), but what the call "
+            f"returned could not be recorded exactly: {reason}; the ledger keeps a flagged representation and "
+            "will not call again"
+        )
+        self.confirmation = confirmation
+        self.effect_id = effect_id
+        self.reason = reason
+
+
 class LedgerClosed(LedgerError):
     """The ledger was closed; open a new one."""
 

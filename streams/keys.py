@@ -13,7 +13,8 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from effect_ledger.streams.errors import InvalidEffect
+from effect_ledger.streams.errors import EffectTooLarge, InvalidEffect
+from effect_ledger.streams.limits import MAX_ID_BYTES, MAX_REQUEST_BYTES, check_text
 
 DEFAULT_NAMESPACE = "default"
 MAX_KEY_LENGTH = 255  # what common payment and ticket APIs accept as an idempotency key
@@ -64,19 +65,39 @@ def effect_key(target: str, operation: str, run_id: str, step: str, namespace: s
     """
     check_name("target", target)
     check_name("operation", operation)
-    for kind, value in (("run_id", run_id), ("step", step), ("namespace", namespace)):
-        if not isinstance(value, str) or not value:
-            raise InvalidEffect(f"invalid {kind} {value!r}: a non-empty string")
+    check_ids(run_id, step, namespace)
     material = json.dumps([namespace, run_id, step, operation], ensure_ascii=False, separators=(",", ":"))
     return f"{target}:{hashlib.sha256(material.encode()).hexdigest()}"
+
+
+def check_ids(run_id: object, step: object, namespace: object) -> None:
+    """The caller's logical identifiers (``None``: not given): non-empty strings UTF-8 can encode,
+    at most ``MAX_ID_BYTES`` each. They are part of the key and recorded in every intent."""
+    for kind, value in (("run_id", run_id), ("step", step), ("namespace", namespace)):
+        if value is not None:
+            check_text(kind, value, MAX_ID_BYTES)
+
+
+def canonical_request(value: Any) -> tuple[str, str]:
+    """The canonical JSON of a request and its sha256 (the ``request_digest``), checked before
+    anything is written: JSON-serialisable, valid Unicode, at most ``MAX_REQUEST_BYTES``. The
+    bytes are encoded once, for the digest and the size check both."""
+    canonical = canonical_json(value)
+    try:
+        data = canonical.encode()
+    except UnicodeEncodeError:
+        raise InvalidEffect("request is not valid Unicode (a lone surrogate?)") from None
+    if len(data) > MAX_REQUEST_BYTES:
+        raise EffectTooLarge("request (canonical JSON)", len(data), MAX_REQUEST_BYTES)
+    return canonical, hashlib.sha256(data).hexdigest()
 
 
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: equal requests give equal bytes."""
     try:
         return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidEffect(f"request is not JSON-serialisable: {e}") from e
+    except (TypeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep, or circular
+        raise InvalidEffect(f"request is not JSON-serialisable: {type(e).__name__}: {e}") from e
 
 
 def digest(canonical: str) -> str:

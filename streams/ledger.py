@@ -19,6 +19,13 @@ Per call, before the destination is touched, ``execute`` looks at what is known 
 * ESCALATED -> ``EffectUncertain`` until a person decides; ABANDONED / COMPENSATED -> ``EffectClosed``.
 * FAILED / ABSENT / nothing -> the intent is written durably (claiming the key in the same
   statement), then the destination is called with the key under the recorded deadline.
+
+Inputs are checked before anything is written (names, key, ids, a JSON request within
+``limits.MAX_REQUEST_BYTES``): ``InvalidEffect`` / ``EffectTooLarge``, nothing written or called.
+After the call, its outcome is recorded whatever it returned: a value that is not JSON or too
+large is kept as a flagged representation (INEXACT_RECEIPT) and the caller gets
+``ReceiptNotRecordable`` carrying the confirmation; an outcome the store cannot write (a full disk)
+gives ``EffectUncertain`` chained to the ``StorageError``, the intent left open for reconciliation.
 """
 
 from __future__ import annotations
@@ -44,11 +51,31 @@ from effect_ledger.streams.errors import (
     InvalidEffect,
     LedgerClosed,
     LedgerUnavailable,
+    ReceiptNotRecordable,
+    StorageError,
+    UnknownEffect,
     UnknownTarget,
 )
 from effect_ledger.streams.extras import require
-from effect_ledger.streams.keys import DEFAULT_NAMESPACE, canonical_json, check_key, check_name, digest, effect_key
+from effect_ledger.streams.keys import (
+    DEFAULT_NAMESPACE,
+    canonical_request,
+    check_ids,
+    check_key,
+    check_name,
+    digest,
+    effect_key,
+)
+from effect_ledger.streams.limits import (
+    MAX_RECEIPT_ID_BYTES,
+    bounded_text,
+    check_text,
+    digest_id,
+    receipt_text,
+    show,
+)
 from effect_ledger.streams.model import (
+    INEXACT_PREFIX,
     OPEN_STATES,
     Decision,
     DecisionKind,
@@ -68,10 +95,10 @@ from effect_ledger.streams.store import (
     ClaimOp,
     Durability,
     Loaded,
+    LocalWorker,
     Store,
     VersionConflict,
     owner_alive,
-    worker_identity,
 )
 from effect_ledger.streams.targets import TargetsSpec
 from effect_ledger.streams.targets import resolve as resolve_targets
@@ -105,19 +132,36 @@ class Confirmation:
     source: ReceiptSource
     attempt: int
     called: bool  # True when this call executed it; False when it was already recorded
-
-
-def _json_text(value: Any) -> str:
-    try:
-        return canonical_json(value)
-    except InvalidEffect:
-        return json.dumps(value, default=str, sort_keys=True, separators=(",", ":"))
+    # False when the recorded value is a representation (``{"effect_ledger.inexact": ...}``): the
+    # destination returned something that is not JSON, or too large (see ``limits.receipt_text``).
+    exact: bool = True
 
 
 def _confirmation(effect: Effect, called: bool) -> Confirmation:
     r = effect.receipt
     assert r is not None
-    return Confirmation(effect.effect_id, r.receipt_id, json.loads(r.value), r.source, r.attempt, called)
+    exact = not r.value.startswith(INEXACT_PREFIX)
+    return Confirmation(effect.effect_id, r.receipt_id, json.loads(r.value), r.source, r.attempt, called, exact)
+
+
+def receipt_of(target: Target, value: Any) -> tuple[str, str, str | None]:
+    """(receipt id, recorded JSON text, what could not be recorded exactly or None) for what a call
+    returned. Never raises: the call already happened, so its record must not depend on its value.
+    The id is the target's ``receipt_id(value)``, else the value's ``"id"``, else (and whenever
+    those fail or give no usable id) the digest of the recorded text."""
+    text, problem = receipt_text(value)
+    try:
+        if target.receipt_id is not None:
+            rid: Any = target.receipt_id(value)
+        elif isinstance(value, dict) and value.get("id") is not None:
+            rid = value["id"]
+        else:
+            return digest_id(text), text, problem
+        rid = check_text("receipt id", str(rid), MAX_RECEIPT_ID_BYTES)
+    except Exception as e:  # the target's function, a str() or a lookup that raises
+        why = f"receipt id not found ({type(e).__name__}: {bounded_text(str(e), 256)}); using the value's digest"
+        return digest_id(text), text, f"{problem}; {why}" if problem else why
+    return rid, text, problem
 
 
 class Ledger:
@@ -130,8 +174,11 @@ class Ledger:
         self._default_timeout = default_timeout
         self._namespace = namespace
         self._targets: dict[str, Target] = {}
-        self._inflight: set[str] = set()
-        self.worker = worker_identity()
+        # Who this ledger object is to claims, and the keys it is executing: another ledger of this
+        # process treats its claims as live only while it is open and has the key in flight.
+        self._local = LocalWorker()
+        self._inflight = self._local.in_flight
+        self.worker = self._local.identity
         self._relay: Relay | None = None
         self._sync = False
         self._sync_timeout = 10.0
@@ -204,6 +251,7 @@ class Ledger:
         """Give the relay up to ``relay_timeout`` seconds to send what is left (events not yet
         acknowledged stay in the outbox for the next start, or ``effects relay --db``), then
         close the file."""
+        self._local.open = False  # from now on its claims are held by their leases alone
         if self._relay is not None:
             await self._relay.stop(relay_timeout)
         if self._lookup is not None:
@@ -265,16 +313,14 @@ class Ledger:
         check_name("operation", operation)
         self.target(target)  # undeclared: refused before anything is written
         ns = self._namespace if namespace is None else namespace
-        for kind, value in (("run_id", run_id), ("step", step), ("namespace", ns)):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise InvalidEffect(f"invalid {kind} {value!r}: a non-empty string")
+        check_ids(run_id, step, ns)  # recorded in the intent even when the key is given
         if key is None:
             if run_id is None or step is None:
                 raise InvalidEffect("give run_id and step (the key is derived from them), or key")
             key = effect_key(target, operation, run_id, step, ns)
         else:
             check_key(key)
-        canonical = canonical_json(request)
+        canonical, request_digest = canonical_request(request)  # valid, within MAX_REQUEST_BYTES
         t_s = self._default_timeout if timeout is None else timeout
         if isinstance(t_s, bool) or not isinstance(t_s, int | float) or not 0 < t_s <= 7 * 24 * 3600:
             raise InvalidEffect(f"timeout must be a number of seconds > 0, got {t_s!r}")
@@ -284,7 +330,7 @@ class Ledger:
             raise EffectInProgress(key, "another task of this worker is executing it")
         self._inflight.add(key)
         try:
-            spec = _Spec(target, operation, ns, run_id or "", step or "", canonical, digest(canonical), float(t_s))
+            spec = _Spec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s))
             if self._lookup is None:
                 # The common case is a key nobody has used: claim it with the intent straight away
                 # (the write's version check fails if the key exists), which saves a read.
@@ -363,7 +409,7 @@ class Ledger:
         if claim.owner is None or claim.owner == self.worker:
             return claim.owner
         now = self._clock()
-        alive = owner_alive(claim.owner)
+        alive = owner_alive(claim.owner, effect.effect_id)
         leased = claim.until_ms is not None and now < claim.until_ms
         if alive or (alive is None and leased):
             retry = max(0, claim.until_ms - now) if claim.until_ms else None
@@ -407,7 +453,7 @@ class Ledger:
                 return Absent(f"replay rejected: {e}"), "replay"
             except Exception as e:
                 return Unknown(f"replay failed: {type(e).__name__}: {e}"), "replay"
-            return Found(self._receipt_id(target, value), value), "replay"
+            return Found(receipt_of(target, value)[0], value), "replay"
         return None, "none"
 
     async def reconcile(self, key: str, call: Call | None = None) -> Effect | None:
@@ -478,8 +524,14 @@ class Ledger:
             observed_owner=observed_owner,
         )
         if self._sync and self._relay is not None and intent_seq:
-            if not await self._relay.wait_acked(intent_seq, self._sync_timeout):
-                reason = f"intent not acknowledged by Kafka within {self._sync_timeout:g} s; destination not called"
+            acked = await self._relay.wait_acked(intent_seq, self._sync_timeout)
+            refused = self._relay.refusal(intent_seq)
+            if refused is not None or not acked:
+                reason = (
+                    f"intent refused by Kafka and dead-lettered ({refused}); destination not called"
+                    if refused is not None
+                    else f"intent not acknowledged by Kafka within {self._sync_timeout:g} s; destination not called"
+                )
                 await self._outcome(effect, attempt, Outcome.FAILED, reason, self._clock())
                 raise LedgerUnavailable(reason)
         crashpoints.reached(crashpoints.AFTER_INTENT)
@@ -489,33 +541,61 @@ class Ledger:
             async with asyncio.timeout(spec.timeout):
                 value = await _maybe_await(call(key))
         except target.definite as e:
-            await self._outcome(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
+            await self._after_call(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
             raise
         except BaseException as e:
             # A timeout, a transport error, an unexpected exception, a cancelled task: the request
             # may or may not have reached the destination.
             what = "timed out" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
-            await asyncio.shield(self._outcome(effect, attempt, Outcome.UNKNOWN, what, started))
+            try:
+                await asyncio.shield(self._after_call(effect, attempt, Outcome.UNKNOWN, what, started))
+                state = State.UNCERTAIN.value
+            except EffectUncertain as unrecorded:  # the store failed too: the intent stays PENDING
+                if not isinstance(e, Exception):
+                    raise e from unrecorded  # a cancellation stays a cancellation
+                raise unrecorded  # its cause is the storage error; its context, the call's
             if isinstance(e, Exception):
-                raise EffectUncertain(key, f"call outcome unknown ({what})", State.UNCERTAIN.value) from e
+                raise EffectUncertain(key, f"call outcome unknown ({bounded_text(what, 512)})", state) from e
             raise
         crashpoints.reached(crashpoints.AFTER_CALL)
         # The outcome and the receipt the call returned are one write: there is no moment at which
-        # the ledger knows the call succeeded but has lost what it returned.
-        now = self._clock()
-        receipt = Receipt(
-            new_event_id(), key, now, attempt, self._receipt_id(target, value), ReceiptSource.CALL, _json_text(value)
-        )
-        effect = await self._outcome(effect, attempt, Outcome.OK, None, started, receipt)
+        # the ledger knows the call succeeded but has lost what it returned. Whatever the value, the
+        # fact that the call returned is recorded (``receipt_of`` never raises).
+        receipt_id, text, problem = receipt_of(target, value)
+        receipt = Receipt(new_event_id(), key, self._clock(), attempt, receipt_id, ReceiptSource.CALL, text)
+        effect = await self._after_call(effect, attempt, Outcome.OK, None, started, receipt)
         crashpoints.reached(crashpoints.AFTER_EXECUTED)
         # What the destination returned, as it returned it (a replay later gives the recorded JSON).
-        return Confirmation(key, receipt.receipt_id, value, ReceiptSource.CALL, attempt, True)
+        exact = not text.startswith(INEXACT_PREFIX)
+        confirmation = Confirmation(key, receipt_id, value, ReceiptSource.CALL, attempt, True, exact)
+        if problem is not None:
+            raise ReceiptNotRecordable(confirmation, problem)
+        return confirmation
+
+    async def _after_call(
+        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
+        receipt: Receipt | None = None,
+    ) -> Effect:
+        """Record a call's outcome. The call has happened (or may have): when the ledger cannot
+        record it (a full disk, a closed ledger), the caller gets ``EffectUncertain`` with the cause,
+        never the bare storage error; the intent stays, for the runner to reconcile."""
+        try:
+            return await self._outcome(effect, attempt, outcome, error, started, receipt)
+        except (StorageError, LedgerClosed) as e:
+            raise EffectUncertain(
+                effect.effect_id,
+                f"the call ended ({outcome.value}) but its outcome could not be recorded: {e}; "
+                "the intent stays open for reconciliation",
+                State.PENDING.value,
+            ) from e
 
     async def _outcome(
         self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
         receipt: Receipt | None = None,
     ) -> Effect:
         now = self._clock()
+        if error is not None:
+            error = bounded_text(error)  # an exception's message can be any size, and any string
         ev = Executed(new_event_id(), effect.effect_id, now, attempt, outcome, error, started, now, None, self.worker)
         events: list[Event] = [ev] if receipt is None else [ev, receipt]
         return await self._record(effect, events, claim_op=ClaimOp.RELEASE)
@@ -529,14 +609,6 @@ class Ledger:
             except VersionConflict:
                 before = (await self._store.load(events[0].effect_id)).effect
         raise EffectInProgress(events[0].effect_id, "could not record: the effect kept changing")
-
-    @staticmethod
-    def _receipt_id(target: Target, value: Any) -> str:
-        if target.receipt_id is not None:
-            return str(target.receipt_id(value))
-        if isinstance(value, dict) and value.get("id") is not None:
-            return str(value["id"])
-        return "sha256:" + digest(_json_text(value))[:32]
 
     # -- later facts -------------------------------------------------------------------------
 
@@ -554,30 +626,47 @@ class Ledger:
         receipt_id: str,
         value: Any = None,
         *,
-        source: ReceiptSource = ReceiptSource.WEBHOOK,
+        source: ReceiptSource | str = ReceiptSource.WEBHOOK,
         attempt: int = 0,
+        allow_unknown: bool = False,
     ) -> Effect:
-        """Record a receipt that arrives after the call (a webhook). ``attempt`` 0: unknown."""
+        """Record a receipt that arrives after the call (a webhook). ``attempt`` 0: unknown.
+
+        The key must be one this ledger knows (after a lookup, in Kafka mode with ``lookup``):
+        ``UnknownEffect`` otherwise, so a mistyped key never creates a CONFIRMED effect nobody
+        executed. ``allow_unknown=True`` records it anyway, flagged NO_INTENT, for a receipt that can
+        legitimately come first (the effect was executed by another host whose events have not
+        arrived). ``value`` is recorded like a call's (``limits.receipt_text``): never refused,
+        flagged INEXACT_RECEIPT when it is not JSON or over the size limit."""
         check_key(key)
-        if not receipt_id:
-            raise InvalidEffect("receipt_id must be a non-empty string")
-        before = (await self._store.load(key)).effect
-        ev = Receipt(
-            new_event_id(), key, self._clock(), attempt, receipt_id, ReceiptSource(source), _json_text(value)
-        )
-        return await self._record(before, [ev])
+        check_text("receipt_id", receipt_id, MAX_RECEIPT_ID_BYTES)
+        kind = _enum(ReceiptSource, "source", source)
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+            raise InvalidEffect(f"invalid attempt {show(attempt)}: an integer >= 0 (0: unknown)")
+        loaded = await self._store.load(key)
+        if loaded.effect is None and self._lookup is not None:
+            loaded = await self._merge_remote(key, loaded)
+        if loaded.effect is None and not allow_unknown:
+            raise UnknownEffect(key, str(self._store.path))
+        ev = Receipt(new_event_id(), key, self._clock(), attempt, receipt_id, kind, receipt_text(value)[0])
+        return await self._record(loaded.effect, [ev])
 
     async def decide(
         self, key: str, decision: DecisionKind | str, *, by: str, reason: str, receipt_id: str | None = None
     ) -> Effect:
-        """Record a person's decision on an effect (usually an escalated one)."""
+        """Record a person's decision on an effect (usually an escalated one). ``by`` and ``reason``
+        are required, at most ``limits.MAX_TEXT_BYTES`` each; an unknown key is ``UnknownEffect``."""
         check_key(key)
-        if not by or not reason:
-            raise InvalidEffect("a decision needs who made it (by) and why (reason)")
-        kind = DecisionKind(decision)
+        kind = _enum(DecisionKind, "decision", decision)
+        if not isinstance(by, str) or not by or not isinstance(reason, str) or not reason:
+            raise InvalidEffect("a decision needs who made it (by) and why (reason), as non-empty strings")
+        check_text("by", by)
+        check_text("reason", reason)
+        if receipt_id is not None:
+            check_text("receipt_id", receipt_id, MAX_RECEIPT_ID_BYTES)
         before = (await self._store.load(key)).effect
         if before is None:
-            raise InvalidEffect(f"no effect with key {key!r} in {self._store.path}")
+            raise UnknownEffect(key, str(self._store.path))
         ev = Decision(new_event_id(), key, self._clock(), before.attempt, kind, by, reason, receipt_id)
         return await self._record(before, [ev])
 
@@ -650,6 +739,17 @@ class _Spec:
     canonical: str
     digest: str
     timeout: float
+
+
+E = TypeVar("E", ReceiptSource, DecisionKind)
+
+
+def _enum(cls: type[E], kind: str, value: object) -> E:
+    try:
+        return cls(value)  # type: ignore[arg-type]  # anything a caller passes; a bad one is refused below
+    except ValueError:
+        names = ", ".join(m.value for m in cls)
+        raise InvalidEffect(f"invalid {kind} {show(value)}: one of {names}") from None
 
 
 async def _maybe_await(value: Any) -> Any:

@@ -80,6 +80,13 @@ class Flag(StrEnum):
     DUPLICATE_RECEIPT = "DUPLICATE_RECEIPT"  # two distinct receipt ids for one key
     CONFLICT = "CONFLICT"  # the same key with a different request digest
     NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
+    INEXACT_RECEIPT = "INEXACT_RECEIPT"  # a receipt value recorded as a representation (see limits.py)
+
+
+#: The reserved key of a receipt value the ledger could not record exactly (not JSON, or too
+#: large): ``{"effect_ledger.inexact": {"reason": ..., "type": ..., "repr" | "sha256", ...}}``.
+INEXACT = "effect_ledger.inexact"
+INEXACT_PREFIX = '{"' + INEXACT + '":'  # how such a value's JSON text starts
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.errors import DefiniteFailure
+from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
 from effect_ledger.streams.model import Executed, Outcome, Resolution, UncertainEffect, Verdict
 
 
@@ -188,12 +189,20 @@ def judge(
     eid = f"resolution:{attempt}:{tries}:{effect.effect_id}"
 
     def res(verdict: Verdict, reason: str, receipt_id: str | None = None, value: str | None = None) -> Resolution:
-        return Resolution(eid, effect.effect_id, now_ms, attempt, verdict, reconciler, reason, receipt_id, value, tries)
+        # A reconciler's reason can be any text (an HTTP body, an exception): bounded, like every event.
+        return Resolution(
+            eid, effect.effect_id, now_ms, attempt, verdict, reconciler, bounded_text(reason), receipt_id, value, tries
+        )
 
     if answer is None:
         return res(Verdict.ESCALATE, f"no reconciler for target {target.name!r} and it does not honour keys")
     if isinstance(answer, Found):
-        return res(Verdict.FOUND, "found at the destination", answer.receipt_id, json.dumps(answer.value, default=str))
+        # Recorded like a call's value: never lost for not being JSON or too large (flagged instead).
+        text, _ = receipt_text(answer.value)
+        rid = answer.receipt_id
+        if not isinstance(rid, str) or not rid or len(rid.encode("utf-8", "replace")) > MAX_RECEIPT_ID_BYTES:
+            rid = digest_id(text)
+        return res(Verdict.FOUND, "found at the destination", bounded_text(rid, MAX_RECEIPT_ID_BYTES), text)
     if isinstance(answer, Absent):
         if effect.executed:
             return res(

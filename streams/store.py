@@ -9,6 +9,10 @@ Durable-write order, in the one function that writes (``_append``), inside one t
 3. COMMIT — with ``synchronous=NORMAL`` it survives a killed process, with ``FULL`` power loss.
 
 The effect row is a projection of the events (``effect_ledger.streams.effect``); the events are the truth.
+
+Errors: every database error leaves this module as ``StorageError`` (its ``__cause__`` the
+sqlite3 error), translated in one place (``Store._call``; ``Store.open`` for opening). A file that
+is not an effect-ledger file is refused without being written to (``_refuse_foreign``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import socket
 import sqlite3
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -28,7 +33,7 @@ import aiosqlite
 
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.effect import Effect, apply
-from effect_ledger.streams.errors import LedgerClosed
+from effect_ledger.streams.errors import LedgerClosed, StorageError
 from effect_ledger.streams.model import Event, State, UncertainEffect
 
 
@@ -48,7 +53,7 @@ CREATE TABLE IF NOT EXISTS events (
     kind        TEXT NOT NULL,
     at_ms       INTEGER NOT NULL,
     body        BLOB NOT NULL,          -- Avro single-object encoding: the bytes the relay sends
-    sent        INTEGER NOT NULL DEFAULT 0
+    sent        INTEGER NOT NULL DEFAULT 0  -- 0 not yet on Kafka, 1 acknowledged, 2 dead-lettered
 );
 CREATE INDEX IF NOT EXISTS events_by_effect ON events(effect_id, seq);
 CREATE INDEX IF NOT EXISTS events_unsent ON events(seq) WHERE sent = 0;
@@ -78,7 +83,17 @@ CREATE INDEX IF NOT EXISTS effects_by_state ON effects(state, updated_ms);
 CREATE INDEX IF NOT EXISTS effects_by_deadline ON effects(deadline_ms) WHERE deadline_ms IS NOT NULL;
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
+-- Rows Kafka refused for good (too large, invalid): the relay marked them sent = 2 and went on.
+CREATE TABLE IF NOT EXISTS dead_letters (
+    seq     INTEGER PRIMARY KEY,        -- the events row
+    at_ms   INTEGER NOT NULL,
+    reason  TEXT NOT NULL
+);
 """
+
+# The tables every effect-ledger file has: a file with other tables and not these is not ours.
+_LEDGER_TABLES = frozenset({"events", "effects", "meta"})
+_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 # A key nobody has used: a plain insert (OR IGNORE: a row that exists means someone else was
 # first, which the caller treats as a version conflict).
@@ -167,14 +182,41 @@ def worker_identity() -> str:
     return f"{_this_host()}:{pid}:{_process_start(pid) or '0'}:{uuid.uuid4().hex[:8]}"
 
 
-def owner_alive(owner: str) -> bool | None:
-    """True/False for an owner on this host; None when it runs elsewhere (then only its lease tells)."""
+class LocalWorker:
+    """One ledger object of this process as claims see it: the identity it writes as a claim's
+    owner, and the keys it is executing right now. Registered weakly, so a ledger object that is
+    gone (closed, or dropped mid-call) stops vouching for its claims."""
+
+    __slots__ = ("identity", "in_flight", "open", "__weakref__")
+
+    def __init__(self) -> None:
+        self.identity = worker_identity()
+        self.in_flight: set[str] = set()
+        self.open = True
+        _LOCAL_WORKERS[self.identity] = self
+
+
+_LOCAL_WORKERS: weakref.WeakValueDictionary[str, LocalWorker] = weakref.WeakValueDictionary()
+
+
+def owner_alive(owner: str, key: str | None = None) -> bool | None:
+    """Whether the claim's owner can still be executing ``key``: True/False for an owner in another
+    process of this host (its pid and start time); None when nobody can tell, so only its lease
+    (the attempt's deadline) does — an owner on another host, or one of this process that is not
+    an open ledger object with ``key`` in flight (its call cannot be running, but its lease is
+    kept: the object may have been dropped while its call was still on the wire)."""
     try:
         host, pid_s, start, _nonce = owner.rsplit(":", 3)
         pid = int(pid_s)
     except ValueError:
         return None
     if host != _this_host():
+        return None
+    if pid == os.getpid() and start == (_process_start(pid) or "0"):
+        # This process: the pid says nothing, a ledger object's identity does.
+        local = _LOCAL_WORKERS.get(owner)
+        if local is not None and local.open and (key is None or key in local.in_flight):
+            return True
         return None
     try:
         os.kill(pid, 0)
@@ -183,6 +225,56 @@ def owner_alive(owner: str) -> bool | None:
     except PermissionError:
         pass
     return _process_start(pid) == start
+
+
+def _refuse_foreign(p: Path) -> None:
+    """Raise ``StorageError`` if ``p`` holds something other than an effect-ledger file (or nothing
+    yet), without writing to it. A ledger file is an SQLite database with the ledger's tables, or
+    one with no tables yet. The look is read-only and, when no ``-wal`` file exists (everything is
+    in the database file), ``immutable``: even a read-only connection to a WAL-mode file would
+    otherwise create its ``-wal`` and ``-shm`` and leave them behind."""
+    try:
+        with open(p, "rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StorageError(f"cannot read {p}: {e}") from e
+    if not head:
+        return  # an empty file: SQLite makes it a new database
+    if head != _SQLITE_MAGIC:
+        raise StorageError(f"{p} is not an effect-ledger file (not an SQLite database); it was left as it was")
+    wal = p.with_name(p.name + "-wal")
+    uri = p.resolve().as_uri() + ("?mode=ro" if wal.exists() else "?mode=ro&immutable=1")
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error as e:
+        raise StorageError(f"{p} is not an effect-ledger file ({e}); it was left as it was") from e
+    if tables and not _LEDGER_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:8]) + (", …" if len(tables) > 8 else "")
+        raise StorageError(
+            f"{p} is not an effect-ledger file (an SQLite database with tables {shown}); it was left as it was"
+        )
+
+
+def _storage_error(path: Path, e: sqlite3.Error) -> StorageError:
+    code = getattr(e, "sqlite_errorname", None)
+    return StorageError(f"ledger {path}: {code + ': ' if code else ''}{e}")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back after an error, if SQLite has not already: on SQLITE_FULL, IOERR, NOMEM or BUSY it
+    may roll back by itself, and a second ROLLBACK would fail ("no transaction is active") and
+    hide the real error."""
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # the error being raised is the one that says what happened
 
 
 class Store:
@@ -205,19 +297,28 @@ class Store:
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], durability: Durability = Durability.NORMAL) -> Store:
+        """Open (or create) the ledger file. ``StorageError`` for a missing folder, a file that is
+        not an effect-ledger file (left untouched) or any database error."""
         p = Path(path)
-        if p.parent and not p.parent.exists():
-            raise FileNotFoundError(f"folder {p.parent} does not exist (for ledger {p})")
-        db = await aiosqlite.connect(str(p), isolation_level=None, timeout=30.0)
+        if p.parent and not p.parent.is_dir():
+            raise StorageError(f"folder {p.parent} does not exist (for ledger {p})")
+        await asyncio.to_thread(_refuse_foreign, p)
+        try:
+            db = await aiosqlite.connect(str(p), isolation_level=None, timeout=30.0)
+        except sqlite3.Error as e:
+            raise _storage_error(p, e) from e
         try:
             await db.execute("PRAGMA journal_mode=WAL")
             await db.execute(f"PRAGMA synchronous={Durability(durability).value}")
             await db.execute("PRAGMA busy_timeout=30000")
             # Checkpoints run off the commit path, from their own connection (see _checkpoints).
             await db.execute("PRAGMA wal_autocheckpoint=0")
-            await db.executescript(SCHEMA)
-        except BaseException:
+            # One transaction: a file has all of the ledger's tables or none (see _refuse_foreign).
+            await db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
+        except BaseException as e:
             await db.close()
+            if isinstance(e, sqlite3.Error):
+                raise _storage_error(p, e) from e
             raise
         store = cls(db, p, Durability(durability), default_codec())
         store._checkpointer = asyncio.create_task(store._checkpoints(), name="effect-ledger-checkpoints")
@@ -260,7 +361,14 @@ class Store:
     async def _run(self, fn: Any, *args: Any) -> Any:
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
-        return await self._db._execute(fn, *args)
+        return await self._call(fn, *args)
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn`` on the connection's thread. The one place database errors become ``StorageError``."""
+        try:
+            return await self._db._execute(fn, *args)
+        except sqlite3.Error as e:
+            raise _storage_error(self.path, e) from e
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -359,7 +467,7 @@ class Store:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    results = await self._db._execute(self._append_batch, [w for w, _ in batch])
+                    results = await self._call(self._append_batch, [w for w, _ in batch])
                 except BaseException as e:
                     for _, fut in batch:
                         if not fut.done():
@@ -403,7 +511,7 @@ class Store:
             conn.execute("COMMIT")
             return results
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
@@ -438,12 +546,38 @@ class Store:
                 conn.executemany("UPDATE events SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
+            raise
+
+    async def mark_dead(self, dead: Sequence[tuple[int, str]], at_ms: int) -> None:
+        """Mark events Kafka refused for good (too large, invalid) as dead-lettered, with the reason:
+        ``sent = 2`` takes them out of the outbox, ``dead_letters`` keeps why, for an operator."""
+        await self._run(self._mark_dead, list(dead), at_ms)
+
+    def _mark_dead(self, dead: list[tuple[int, str]], at_ms: int) -> None:
+        conn: sqlite3.Connection = self._db._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany("UPDATE events SET sent = 2 WHERE seq = ? AND sent = 0", [(seq,) for seq, _ in dead])
+            conn.executemany(
+                "INSERT OR REPLACE INTO dead_letters (seq, at_ms, reason) VALUES (?, ?, ?)",
+                [(seq, at_ms, reason) for seq, reason in dead],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
             raise
 
     async def outbox_depth(self) -> int:
         rows = await self.query("SELECT count(*) AS n FROM events WHERE sent = 0")
         return int(rows[0]["n"])
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        """Events Kafka refused for good, oldest first: seq, effect_id, kind, size, at_ms, reason."""
+        return await self.query(  # type: ignore[return-value]
+            "SELECT d.seq, e.effect_id, e.kind, length(e.body) AS size, d.at_ms, d.reason "
+            "FROM dead_letters d JOIN events e ON e.seq = d.seq ORDER BY d.seq"
+        )
 
     async def set_backoff(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
         await self.query(
@@ -477,4 +611,4 @@ def _row(e: Effect) -> dict[str, Any]:
     }
 
 
-__all__ = ["Store", "Durability", "ClaimOp", "Claim", "Loaded", "VersionConflict", "State"]
+__all__ = ["Store", "Durability", "ClaimOp", "Claim", "Loaded", "LocalWorker", "VersionConflict", "State"]

@@ -146,11 +146,15 @@ class SyncLedger:
         )
 
     def record_receipt(
-        self, key: str, receipt_id: str, value: Any = None, *, source: ReceiptSource = ReceiptSource.WEBHOOK,
-        attempt: int = 0,
+        self, key: str, receipt_id: str, value: Any = None, *, source: ReceiptSource | str = ReceiptSource.WEBHOOK,
+        attempt: int = 0, allow_unknown: bool = False,
     ) -> Effect:
         """``Ledger.record_receipt``."""
-        return self._run(self._ledger.record_receipt(key, receipt_id, value, source=source, attempt=attempt))
+        return self._run(
+            self._ledger.record_receipt(
+                key, receipt_id, value, source=source, attempt=attempt, allow_unknown=allow_unknown
+            )
+        )
 
     def decide(
         self, key: str, decision: DecisionKind | str, *, by: str, reason: str, receipt_id: str | None = None

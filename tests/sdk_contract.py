@@ -40,6 +40,7 @@ from effect_ledger.streams.errors import (
     EffectUncertain,
     InvalidEffect,
     LedgerClosed,
+    UnknownEffect,
 )
 from effect_ledger.streams.keys import DEFAULT_NAMESPACE, canonical_json, digest, effect_key
 from effect_ledger.streams.ledger import Confirmation, Ledger
@@ -904,7 +905,13 @@ class LedgerContract(abc.ABC):
         dest = Destination()
 
         async def body(ledger: Ledger) -> None:
-            effect = await ledger.record_receipt(KEY, "re_hook", {"id": "re_hook", "status": "succeeded"})
+            # A receipt that may come first is said so; without it an unknown key is refused.
+            with pytest.raises(UnknownEffect):
+                await ledger.record_receipt(KEY, "re_hook", {"id": "re_hook", "status": "succeeded"})
+            assert db_counts(ledger.store.path) == (0, 0)
+            effect = await ledger.record_receipt(
+                KEY, "re_hook", {"id": "re_hook", "status": "succeeded"}, allow_unknown=True
+            )
             assert effect.state is State.CONFIRMED and Flag.NO_INTENT in effect.flags
             c = await self.execute(ledger, dest)
             assert dest.calls == []

@@ -35,12 +35,13 @@ from effect_ledger.streams.errors import LedgerUnavailable
 from effect_ledger.streams.ledger import Ledger
 from effect_ledger.streams.model import Intent, State
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.reconcile import Target
 from effect_ledger.streams.store import Store
-from tests.sdk_contract import DECLARED
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
 DEAD = "127.0.0.1:1"  # nothing listens on port 1: connections are refused at once
+TARGETS = [Target("payments")]  # the destination these tests call; nothing can ask it
 codec = default_codec()
 
 
@@ -236,7 +237,7 @@ def test_rows_marked_sent_only_after_the_broker_acknowledged_them(kafka_config: 
 
     async def body() -> None:
         nonlocal snapshots
-        async with await Ledger.open(str(path), targets=DECLARED, kafka=kafka_config) as ledger:
+        async with await Ledger.open(str(path), kafka=kafka_config, targets=TARGETS) as ledger:
             for batch in range(5):
                 await asyncio.gather(*(execute(ledger, dest, f"s-{batch}-{i}") for i in range(12)))
                 # A later event (a webhook's second receipt) on a key that already has events on Kafka.
@@ -298,8 +299,8 @@ def test_sync_puts_the_intent_on_kafka_before_the_destination_is_called(
         return {"id": "re_1"}
 
     async def body() -> None:
-        db = str(tmp_path / "effects.db")
-        async with await Ledger.open(db, targets=DECLARED, kafka=kafka_config, sync=True) as ledger:
+        path = str(tmp_path / "effects.db")
+        async with await Ledger.open(path, kafka=kafka_config, sync=True, targets=TARGETS) as ledger:
             c = await execute(ledger, call, "sync-1")
             found["key"] = c.effect_id
             assert c.called
@@ -315,7 +316,7 @@ def test_sync_timeout_without_a_broker_fails_the_effect_without_calling(tmp_path
     cfg = KafkaConfig(bootstrap=DEAD, prefix="dead.", partitions=3)
 
     async def body() -> None:
-        ledger = await Ledger.open(path, targets=DECLARED, kafka=cfg, sync=True, sync_timeout=1)
+        ledger = await Ledger.open(path, kafka=cfg, sync=True, sync_timeout=1, targets=TARGETS)
         try:
             started = time.monotonic()
             with pytest.raises(LedgerUnavailable, match="not acknowledged"):
@@ -340,7 +341,7 @@ def test_without_sync_a_dead_broker_does_not_stop_the_sdk(tmp_path: Path) -> Non
     cfg = KafkaConfig(bootstrap=DEAD, prefix="dead.", partitions=3)
 
     async def body() -> None:
-        ledger = await Ledger.open(path, targets=DECLARED, kafka=cfg, sync=False, sync_timeout=1)
+        ledger = await Ledger.open(path, kafka=cfg, sync=False, sync_timeout=1, targets=TARGETS)
         try:
             for i in range(3):
                 c = await execute(ledger, dest, f"nosync-{i}")
@@ -364,12 +365,12 @@ def test_sync_intent_relayed_by_another_ledger_on_the_same_file(kafka_config: Ka
     dest = Destination()
 
     async def body() -> None:
-        a = await Ledger.open(path, targets=DECLARED, kafka=kafka_config, sync=True, sync_timeout=5)
+        a = await Ledger.open(path, kafka=kafka_config, sync=True, sync_timeout=5, targets=TARGETS)
         b: Ledger | None = None
         try:
             # A's relay is running and has acknowledged something: its watermark is initialised.
             assert (await execute(a, dest, "warm-up")).called
-            b = await Ledger.open(path, targets=DECLARED, kafka=kafka_config)
+            b = await Ledger.open(path, kafka=kafka_config, targets=TARGETS)
             original = a.store.unsent
 
             async def after_the_other_relay(limit: int, after: int = 0) -> Any:
@@ -414,7 +415,7 @@ def test_broker_outage_the_outbox_grows_then_drains_in_order(tmp_path: Path) -> 
     report: dict[str, Any] = {}
 
     async def body() -> None:
-        ledger = await Ledger.open(path, targets=DECLARED, kafka=cfg, sync=False)
+        ledger = await Ledger.open(path, kafka=cfg, sync=False, targets=TARGETS)
         try:
             keys = [(await execute(ledger, dest, f"before-{i}")).effect_id for i in range(n)]
             await wait_until(_depth_zero(ledger), TIMEOUT, "the first effects to be acknowledged")
@@ -462,7 +463,7 @@ def test_relay_cli_drains_an_outbox_a_dead_agent_left(kafka_config: KafkaConfig,
     dead = KafkaConfig(bootstrap=DEAD, prefix=kafka_config.prefix, partitions=kafka_config.partitions)
 
     async def agent() -> None:
-        ledger = await Ledger.open(path, targets=DECLARED, kafka=dead)
+        ledger = await Ledger.open(path, kafka=dead, targets=TARGETS)
         try:
             for i in range(7):
                 await execute(ledger, dest, f"left-{i}")
