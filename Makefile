@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -e ".[kafka,processor,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -e ".[kafka,processor,dev,mcp]"
 	@touch $@
 
 venv: $(VENV)/.installed
