@@ -105,9 +105,12 @@ class WriteCalls:
         except InvalidEffect as e:
             return error_response(rid, -32602, f"effect-ledger: {e}")
 
+        live: dict[str, Any] = {}
+
         async def call(key: str) -> Any:
             forwarded = {**params, "_meta": {**meta, KEY_META: key}}
-            return _classify(await upstream.request("tools/call", forwarded, rid), write)
+            live["result"] = _classify(await upstream.request("tools/call", forwarded, rid), write)
+            return _bounded(live["result"])  # what the ledger records
 
         reserved = {k: v for k, v in meta.items() if k.startswith(_RESERVED_META)}
         token = _CURRENT.set(_Call(upstream, reserved))
@@ -128,7 +131,9 @@ class WriteCalls:
             return result_response(rid, _explain(write, e))
         finally:
             _CURRENT.reset(token)
-        return result_response(rid, _annotate(confirmation, ident.source))
+        # Called now: the agent gets the whole live result, even when the record had to be cut.
+        value = live["result"] if confirmation.called and "result" in live else confirmation.value
+        return result_response(rid, _annotate(confirmation, value, ident.source))
 
 
 def _classify(response: dict[str, Any], write: WriteTool) -> dict[str, Any]:
@@ -148,7 +153,7 @@ def _classify(response: dict[str, Any], write: WriteTool) -> dict[str, Any]:
         if write.tool_errors == "uncertain":
             raise ToolErrorUncertain(f"the tool reported an error: {text}")
         raise ToolRefused(response, f"the tool reported an error: {text}")
-    return _bounded(result)
+    return result
 
 
 def _bounded(result: dict[str, Any]) -> dict[str, Any]:
@@ -160,8 +165,8 @@ def _bounded(result: dict[str, Any]) -> dict[str, Any]:
     return {"content": [{"type": "text", "text": note}], "_meta": {EFFECT_META: {"truncated": size}}}
 
 
-def _annotate(confirmation: Confirmation, key_from: str) -> dict[str, Any]:
-    result = as_tool_result(confirmation.value)
+def _annotate(confirmation: Confirmation, value: Any, key_from: str) -> dict[str, Any]:
+    result = as_tool_result(value)
     meta = dict(result.get("_meta") or {})
     meta[EFFECT_META] = {
         "id": confirmation.effect_id,

@@ -62,7 +62,7 @@ class _StdioUpstream:
                 raise UpstreamLost(f"cannot write to the MCP server: {e}") from e
             return await fut
         finally:
-            fut.cancel()  # a no-op once answered; stops waiting when the call was cancelled
+            self._pending.release(rid)
 
 
 async def serve_stdio(calls: WriteCalls, command: list[str]) -> int:

@@ -11,10 +11,12 @@ import asyncio
 import itertools
 import json
 import os
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 MAX_MESSAGE_BYTES = 16 << 20
+MAX_ABANDONED = 4096  # ids given up on (deadline passed) whose late answer is dropped, not relayed
 INVALID_REQUEST = -32600
 INTERNAL_ERROR = -32603
 
@@ -61,6 +63,7 @@ class Pending:
         self._prefix = f"effect-ledger-{os.getpid()}-{os.urandom(4).hex()}-"
         self._counter = itertools.count(1)
         self._lost: str | None = None
+        self._abandoned: OrderedDict[tuple[str, Any], None] = OrderedDict()
 
     def new_id(self) -> str:
         return f"{self._prefix}{next(self._counter)}"
@@ -74,13 +77,28 @@ class Pending:
             raise UpstreamLost(f"request id {request_id!r} is already waiting for an answer")
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = fut
-        fut.add_done_callback(lambda _f: self._waiting.pop(key, None))
         return fut
 
+    def release(self, request_id: Any) -> None:
+        """The requester stops waiting (answered, or given up). Given up: the agent already has an
+        answer for this id (e.g. "outcome unknown"), so a late response must not reach it as a
+        second answer; it is dropped."""
+        key = _id_key(request_id)
+        fut = self._waiting.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.cancel()
+            self._abandoned[key] = None
+            if len(self._abandoned) > MAX_ABANDONED:
+                self._abandoned.popitem(last=False)
+
     def deliver(self, msg: dict[str, Any]) -> bool:
-        """Resolve the waiter of a response; False when nobody waits for it (pass it on)."""
-        fut = self._waiting.get(_id_key(msg.get("id")))
+        """Resolve the waiter of a response; False when it is not one of the proxy's (pass it on)."""
+        key = _id_key(msg.get("id"))
+        fut = self._waiting.get(key)
         if fut is None:
+            if key in self._abandoned:  # a late answer nobody waits for any more: dropped
+                del self._abandoned[key]
+                return True
             return False
         if not fut.done():
             fut.set_result(msg)

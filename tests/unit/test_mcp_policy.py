@@ -115,3 +115,19 @@ def test_read_lines_skips_a_line_over_the_limit() -> None:
         return [line async for line in read_lines(reader, limit=8)]
 
     assert asyncio.run(lines(b"one\n" + b"x" * 100 + b"\ntwo\nlast")) == [b"one", None, b"two", b"last"]
+
+
+def test_late_answer_to_an_abandoned_request_is_dropped() -> None:
+    from effect_ledger.processors.mcp.wire import Pending
+
+    async def scenario() -> tuple[bool, bool, bool]:
+        pending = Pending()
+        fut = pending.expect(7)
+        pending.release(7)  # the deadline passed: the agent was told the outcome is unknown
+        assert fut.cancelled()
+        late = pending.deliver({"jsonrpc": "2.0", "id": 7, "result": {}})
+        again = pending.deliver({"jsonrpc": "2.0", "id": 7, "result": {}})
+        other = pending.deliver({"jsonrpc": "2.0", "id": "7", "result": {}})
+        return late, again, other
+
+    assert asyncio.run(scenario()) == (True, False, False)
