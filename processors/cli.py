@@ -331,9 +331,13 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
 
 
 def _register_ops() -> None:
+    from effect_ledger.processors.cli_assess import assess_command
+    from effect_ledger.processors.cli_mcp import mcp_proxy
     from effect_ledger.processors.cli_ops import register
 
     register(main)
+    main.add_command(mcp_proxy)
+    main.add_command(assess_command)
 
 
 _register_ops()

@@ -46,6 +46,10 @@ from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
 ENV_VAR = "EFFECTS_TARGETS"
 MAX_FILE_BYTES = 1 << 20  # a declaration, not a data set
 NONE = "none"
+# Sections of the same file that another reader owns: [mcp] declares the write tools of an MCP
+# server for `effects mcp-proxy` (effect_ledger.processors.mcp.policy), which records them on the
+# targets declared here. Every other unknown section is a mistake.
+SECTIONS_READ_ELSEWHERE = frozenset({"mcp"})
 
 _COMMON = {"lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff"}
 _HTTP = {
@@ -129,7 +133,7 @@ def parse_targets(text: str, origin: str | os.PathLike[str] = "<targets>") -> tu
         line = getattr(e, "lineno", None) or _line_in_message(str(e))
         raise TargetsError(f"{path}:{line or 1}: not valid TOML: {_first_clause(str(e))}") from None
     where = _Where(path, text)
-    extra = set(doc) - {"targets"}
+    extra = set(doc) - {"targets"} - SECTIONS_READ_ELSEWHERE
     if extra:
         name = sorted(extra)[0]
         raise TargetsError(f"{where.at(name)}: unknown section {name!r}; declare targets as [targets.NAME]")
