@@ -2,11 +2,18 @@
 
     from effect_ledger.dbos import ledger_step
 
-The key rule: ``effect_ledger.processors.integrations.dbos``.
+The key rule and the decision contract: ``effect_ledger.processors.integrations.dbos``.
 """
 
 from __future__ import annotations
 
-from effect_ledger.processors.integrations.dbos import ledger_step, run_identity
+from effect_ledger.processors.integrations.dbos import (
+    DECISION_TOPIC,
+    ESCALATION_EVENT,
+    ledger_step,
+    run_identity,
+    send_decision,
+    with_decisions,
+)
 
-__all__ = ["ledger_step", "run_identity"]
+__all__ = ["ledger_step", "run_identity", "with_decisions", "send_decision", "ESCALATION_EVENT", "DECISION_TOPIC"]

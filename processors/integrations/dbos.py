@@ -31,22 +31,45 @@ workflow (``DBOS.fork_workflow``) has a new id, hence new keys: forking to befor
 again.
 
 The call returns the ``Confirmation``: it is the step's output that DBOS records (a dataclass;
-DBOS pickles step outputs by default). ``EffectUncertain`` (an effect that a reconciler or a person
-must resolve: ``effects resolve``), ``EffectInProgress`` and ``EffectClosed`` propagate out of the
-step to the workflow. Synchronous steps only: the call runs on the ``SyncLedger``'s thread.
+DBOS pickles step outputs by default). ``EffectUncertain``, ``EffectInProgress`` and
+``EffectClosed`` propagate out of the step to the workflow (DBOS records them and raises them again
+on replay). Synchronous steps only: the call runs on the ``SyncLedger``'s thread.
+
+A person's decision, the DBOS way: wrap the workflow's calls in ``with_decisions``::
+
+    @DBOS.workflow()
+    def refund_order(order: str, amount: int) -> str:
+        return with_decisions(ledger, lambda: refund(order, amount)).receipt_id
+
+When an effect escalates (``EffectUncertain`` in state ESCALATED), the workflow publishes it as its
+event ``ESCALATION_EVENT`` (``DBOS.get_event(workflow_id, ESCALATION_EVENT)``: the dict described in
+``effect_ledger.processors.integrations.decisions.escalation``) and waits, durably, for a message on
+``DECISION_TOPIC``; ``send_decision(workflow_id, {"decision": "confirmed" | "absent" | "abandon",
+"by": ..., "reason": ..., "receipt_id": ...})`` sends it. The decision is recorded in the ledger and
+the calls run again: confirmed -> the recorded receipt; absent -> executed again with the same key;
+abandon -> ``EffectClosed``. A decision is recorded only while the effect is still ESCALATED, so a
+recovered workflow that replays it records nothing twice.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from dbos import DBOS
 
-from effect_ledger.streams.errors import InvalidEffect
+from effect_ledger.processors.integrations.decisions import escalation, parse_decision
+from effect_ledger.streams.errors import EffectUncertain, InvalidEffect
 from effect_ledger.streams.ledger import Confirmation, Ledger, bind_request
+from effect_ledger.streams.model import State
 from effect_ledger.streams.sync import SyncLedger
+
+T = TypeVar("T")
+ESCALATION_EVENT = "effect_ledger.escalated"
+DECISION_TOPIC = "effect_ledger.decision"
+DAY_S = 24 * 3600.0
+_MAX_DECISIONS = 3  # one per escalation of the calls
 
 
 def run_identity(fn: Callable[..., Any], step: str | None = None) -> tuple[str, str]:
@@ -92,4 +115,44 @@ def ledger_step(
     return wrap
 
 
-__all__ = ["ledger_step", "run_identity"]
+def with_decisions(ledger: SyncLedger, calls: Callable[[], T], *, wait_s: float = DAY_S) -> T:
+    """Run ``calls`` (which call ``ledger_step`` steps) in a workflow; when an effect escalates, wait
+    up to ``wait_s`` for a person's decision (see the module docstring), record it, run ``calls``
+    again. No decision in time: the ``EffectUncertain`` is raised."""
+    for _ in range(_MAX_DECISIONS):
+        try:
+            return calls()
+        except EffectUncertain as e:
+            if e.state != State.ESCALATED.value:
+                raise
+            escalated = e
+        _await_decision(ledger, escalated, wait_s)
+    return calls()
+
+
+def _await_decision(ledger: SyncLedger, escalated: EffectUncertain, wait_s: float) -> None:
+    """Publish the escalation, wait for the decision (both durable DBOS operations, replayed on
+    recovery) and record it while the effect is still ESCALATED (a replay finds it decided)."""
+    key = escalated.effect_id
+    effect = ledger.get(key)
+    if effect is None:  # cannot happen: an escalated effect is recorded; say so rather than guess
+        raise escalated
+    DBOS.set_event(ESCALATION_EVENT, escalation(effect, escalated.reason))
+    message = DBOS.recv(DECISION_TOPIC, timeout_seconds=wait_s)
+    if message is None:
+        raise escalated
+    decision = parse_decision(message)
+    if decision.effect_id is not None and decision.effect_id != key:
+        raise InvalidEffect(f"the decision answers effect {decision.effect_id}, but {key} is escalated")
+    now = ledger.get(key)
+    if now is not None and now.state is State.ESCALATED:
+        ledger.decide(key, decision.kind, by=decision.by, reason=decision.reason, receipt_id=decision.receipt_id)
+
+
+def send_decision(workflow_id: str, decision: dict[str, Any]) -> None:
+    """Send a person's decision to a workflow waiting in ``with_decisions`` (checked before it is sent)."""
+    parse_decision(decision)
+    DBOS.send(workflow_id, dict(decision), topic=DECISION_TOPIC)
+
+
+__all__ = ["ledger_step", "run_identity", "with_decisions", "send_decision", "ESCALATION_EVENT", "DECISION_TOPIC"]

@@ -17,6 +17,7 @@ The shape (JSON)::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,28 @@ def what_a_person_can_decide() -> dict[str, str]:
         "confirmed": "it happened at the destination: record it (give receipt_id if you know it)",
         "absent": "it did not happen: execute it again with the same idempotency key",
         "abandon": "do not do it: the effect is closed and the caller gets EffectClosed",
+    }
+
+
+def escalation(effect: Effect, reason: str) -> dict[str, Any]:
+    """What a person is shown about an escalated effect (a LangGraph interrupt's value, a DBOS event):
+    ``"effect_ledger": "escalated"``, the effect, why, the choices and the answer's shape (JSON)."""
+    intent = effect.first_intent
+    return {
+        "effect_ledger": "escalated",
+        "effect_id": effect.effect_id,
+        "attempt": effect.attempt,
+        "target": intent.target if intent else effect.effect_id.split(":", 1)[0],
+        "operation": intent.operation if intent else None,
+        "request": json.loads(intent.request) if intent else None,
+        "reason": reason,
+        "decide": what_a_person_can_decide(),
+        "answer": {
+            "decision": "confirmed | absent | abandon",
+            "by": "who",
+            "reason": "why",
+            "receipt_id": "the destination's id (confirmed only, optional)",
+        },
     }
 
 

@@ -33,7 +33,7 @@ the id is in the checkpointed messages, so it survives resumes.
 
 An effect that needs a person (``EffectUncertain`` in state ESCALATED) becomes ``interrupt(value)``;
 ``value`` is a dict with ``"effect_ledger": "escalated"``, ``effect_id``, ``attempt``, ``target``,
-``operation``, ``request``, ``reason``, ``decide`` (the choices) and ``resume`` (the answer's shape).
+``operation``, ``request``, ``reason``, ``decide`` (the choices) and ``answer`` (the answer's shape).
 Resume the thread with ``Command(resume={"decision": "confirmed" | "absent" | "abandon", "by": ...,
 "reason": ..., "receipt_id": ...})`` (see ``effect_ledger.processors.integrations.decisions``): the
 decision is recorded in the ledger (``decide``) and the node goes on:
@@ -55,14 +55,13 @@ Synchronous nodes only (``graph.invoke``/``stream``): the call runs on the ``Syn
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from langgraph.config import get_config
 from langgraph.types import interrupt
 
-from effect_ledger.processors.integrations.decisions import already_applied, parse_decision, what_a_person_can_decide
+from effect_ledger.processors.integrations.decisions import already_applied, escalation, parse_decision
 from effect_ledger.streams.errors import EffectUncertain, InvalidEffect
 from effect_ledger.streams.ledger import Confirmation, Ledger, bind_request
 from effect_ledger.streams.model import State
@@ -150,25 +149,7 @@ def _ask_and_record(ledger: SyncLedger, escalated: EffectUncertain) -> None:
     effect = ledger.get(key)
     if effect is None:  # cannot happen: an escalated effect is recorded; say so rather than guess
         raise escalated
-    intent = effect.first_intent
-    answer = interrupt(
-        {
-            "effect_ledger": "escalated",
-            "effect_id": key,
-            "attempt": effect.attempt,
-            "target": intent.target if intent else key.split(":", 1)[0],
-            "operation": intent.operation if intent else None,
-            "request": json.loads(intent.request) if intent else None,
-            "reason": escalated.reason,
-            "decide": what_a_person_can_decide(),
-            "resume": {
-                "decision": "confirmed | absent | abandon",
-                "by": "who",
-                "reason": "why",
-                "receipt_id": "the destination's id (confirmed only, optional)",
-            },
-        }
-    )
+    answer = interrupt(escalation(effect, escalated.reason))
     decision = parse_decision(answer)
     if decision.effect_id is not None and decision.effect_id != key:
         raise InvalidEffect(f"the resume value answers effect {decision.effect_id}, but {key} is escalated")

@@ -3,6 +3,8 @@ for real (``EFFECT_LEDGER_CRASH``):
 
     python -m tests.integrations.dbos.app --workdir DIR --gateway URL --kind lookup --workflow wf-1 start
     ... recover      # launch DBOS again: it recovers the pending workflow; wait for its result
+    ... escalation   # recover, print the escalation the workflow publishes, exit while it waits
+    ... decide JSON  # recover, send a person's decision, wait for the result
 
 Effects in DIR/effects.db, DBOS's system database in DIR/dbos.sqlite. Prints one JSON line: the
 workflow's status and result.
@@ -12,14 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from dbos import DBOS, SetWorkflowID
 
-from effect_ledger import SyncLedger
-from effect_ledger.dbos import ledger_step
+from effect_ledger import EffectClosed, SyncLedger
+from effect_ledger.dbos import ESCALATION_EVENT, ledger_step, send_decision, with_decisions
 from effect_ledger.processors.demo.agent import write_declaration
 from tests.integrations.gateway_http import post_refund
 
@@ -34,7 +37,10 @@ def register(ledger: SyncLedger, gateway: str) -> Any:
 
     @DBOS.workflow()
     def refund_order(order: str, amount: int) -> dict[str, Any]:
-        c = refund(order, amount)
+        try:
+            c = with_decisions(ledger, lambda: refund(order, amount), wait_s=120)
+        except EffectClosed:
+            return {"refund_id": None, "abandoned": True}
         return {"refund_id": c.receipt_id, "called": c.called, "key": c.effect_id}
 
     return refund_order
@@ -46,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gateway", required=True)
     p.add_argument("--kind", required=True)
     p.add_argument("--workflow", required=True)
-    p.add_argument("action", choices=("start", "recover"))
+    p.add_argument("action", choices=("start", "recover", "escalation", "decide"))
+    p.add_argument("decision", nargs="?")
     args = p.parse_args(argv)
     work = Path(args.workdir)
     targets = write_declaration(work / "targets.toml", args.gateway, args.kind)
@@ -60,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
                     handle = DBOS.start_workflow(workflow, "123", 4800)
             else:
                 handle = DBOS.retrieve_workflow(args.workflow)
+            if args.action == "escalation":
+                asked = DBOS.get_event(args.workflow, ESCALATION_EVENT, timeout_seconds=60)
+                print(json.dumps({"escalation": asked}), flush=True)
+                os._exit(0)  # the workflow waits for a person; this worker goes away meanwhile
+            if args.action == "decide":
+                send_decision(args.workflow, json.loads(args.decision))
             result = handle.get_result()
             status = handle.get_status().status
         finally:
