@@ -42,14 +42,15 @@ decision is recorded in the ledger (``decide``) and the node goes on:
   ``receipt_id``); absent -> it executes again with the same key; abandon -> it raises
   ``EffectClosed`` (catch it in the node to route elsewhere).
 
-The ledger is the record: a decision recorded and then lost with its process is not asked again.
+The ledger is the record: when the process dies after recording a decision, the node run again finds
+the effect decided and does not ask again.
 A resume value already recorded for an earlier attempt of the same effect is never applied to a new
 escalation of it (LangGraph hands the last resume value back to a node run after a failed one): the
 call raises ``EffectUncertain`` instead; decide with ``effects resolve`` and invoke the thread again.
 Other errors (``EffectUncertain`` in UNCERTAIN, ``EffectInProgress``) propagate: the run holds; a
 ``RetryPolicy(retry_on=EffectInProgress)`` waits out an attempt that may still land.
 
-Synchronous nodes only (``graph.invoke``/``stream``): the call runs on the ``SyncLedger``'s thread.
+Synchronous nodes and tools only: the call runs on the ``SyncLedger``'s thread.
 """
 
 from __future__ import annotations
