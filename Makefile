@@ -4,11 +4,12 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+DBOS_VENV := .venv-dbos
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv demo demo-kafka test test-unit test-integration test-crash test-faults bench lint wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults bench lint wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -28,10 +29,20 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,mcp,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,mcp,langgraph,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
+
+# DBOS needs croniter>=6.2.4 and faust's mode-streaming pins croniter<6, so the DBOS integration's
+# tests get an environment of their own: the base install with [dbos] and [dev].
+$(DBOS_VENV)/.installed: pyproject.toml
+	@test -x $(DBOS_VENV)/bin/python || $(PYTHON) -m venv $(DBOS_VENV)
+	@$(DBOS_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(DBOS_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[dbos,dev]"
+	@touch $@
+
+venv-dbos: $(DBOS_VENV)/.installed
 
 demo: venv
 	@$(VENV)/bin/effects demo
@@ -39,8 +50,9 @@ demo: venv
 demo-kafka: venv
 	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
 
-test: venv
+test: venv venv-dbos
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
+	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -1,4 +1,7 @@
-"""Typed errors of the producer SDK. Every refusal is one of these, raised before anything is sent."""
+"""Typed errors of the producer SDK. Every refusal is one of these, raised before anything is sent.
+
+Each survives pickling with its fields (``__reduce__``): engines that record a step's exception and
+raise it again on replay (DBOS), and process pools, pickle it."""
 
 from __future__ import annotations
 
@@ -74,6 +77,9 @@ class EffectConflict(LedgerError):
         self.recorded_digest = recorded_digest
         self.given_digest = given_digest
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        return type(self), (self.effect_id, self.recorded_digest, self.given_digest)
+
 
 class EffectInProgress(LedgerError):
     """Another live worker holds this key's current attempt, or an earlier attempt may still land
@@ -82,7 +88,11 @@ class EffectInProgress(LedgerError):
     def __init__(self, effect_id: str, reason: str, retry_after_ms: int | None = None) -> None:
         super().__init__(f"effect {effect_id} is in progress: {reason}")
         self.effect_id = effect_id
+        self.reason = reason
         self.retry_after_ms = retry_after_ms
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int | None]]:
+        return type(self), (self.effect_id, self.reason, self.retry_after_ms)
 
 
 class EffectUncertain(LedgerError):
@@ -95,6 +105,9 @@ class EffectUncertain(LedgerError):
         self.reason = reason
         self.state = state
 
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        return type(self), (self.effect_id, self.reason, self.state)
+
 
 class EffectClosed(LedgerError):
     """A person closed this effect (abandoned or compensated); it will not be executed."""
@@ -103,6 +116,10 @@ class EffectClosed(LedgerError):
         super().__init__(f"effect {effect_id} is {state}{': ' + reason if reason else ''}")
         self.effect_id = effect_id
         self.state = state
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str | None]]:
+        return type(self), (self.effect_id, self.state, self.reason)
 
 
 class DefiniteFailure(LedgerError):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.streams.admin import BrokerUnavailable, delete_topics, ensure_topics, list_topics, wait_ready
 from effect_ledger.streams.config import KafkaConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """A real broker: the one named by KAFKA_BOOTSTRAP, or the repo's own started for this session."""
+    # Imported here, not at the top: the DBOS tests run in an environment without a Kafka client.
+    from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
+
     given = os.environ.get("KAFKA_BOOTSTRAP")
     if given:
         try:
@@ -47,6 +49,8 @@ def kafka_bootstrap() -> Iterator[str]:
 @pytest.fixture
 def kafka_config(kafka_bootstrap: str) -> Iterator[KafkaConfig]:
     """A config with a fresh uuid topic prefix; its topics are created, and deleted afterwards."""
+    from effect_ledger.streams.admin import delete_topics, ensure_topics, list_topics
+
     cfg = KafkaConfig(bootstrap=kafka_bootstrap, prefix=f"t{uuid.uuid4().hex[:12]}.", partitions=3)
     ensure_topics(cfg)
     yield cfg

@@ -1,0 +1,35 @@
+"""Errors survive pickling with their fields: DBOS records a step's exception that way and raises it
+again when it replays the workflow (a recovered workflow must see the same EffectUncertain)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from effect_ledger import (
+    EffectClosed,
+    EffectConflict,
+    EffectInProgress,
+    EffectUncertain,
+    LedgerError,
+    StorageError,
+    UnknownTarget,
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "fields"),
+    [
+        (EffectUncertain("k", "nobody can ask", "ESCALATED"), ("effect_id", "reason", "state")),
+        (EffectInProgress("k", "worker w", 250), ("effect_id", "reason", "retry_after_ms")),
+        (EffectClosed("k", "ABANDONED", "by hand"), ("effect_id", "state", "reason")),
+        (EffectConflict("k", "a" * 64, "b" * 64), ("effect_id", "recorded_digest", "given_digest")),
+        (UnknownTarget("target 'x' is not declared"), ()),
+        (StorageError("disk full"), ()),
+    ],
+)
+def test_an_error_pickles_with_its_fields(error: LedgerError, fields: tuple[str, ...]) -> None:
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert [getattr(back, f) for f in fields] == [getattr(error, f) for f in fields]
