@@ -127,9 +127,9 @@ def audit(
         stuck_ms = duration_ms(stuck_after)
         with progress_bar("replaying effects.events") as progress:
             if db is not None:
-                records = db_events(db, start)
+                records = db_events(db, start, end)
             else:
-                records = replay_events(kafka_of(bootstrap, prefix), start, progress)
+                records = replay_events(kafka_of(bootstrap, prefix), start, progress, end)
             report = run_audit(records, start, end, now, stuck_ms)
     if as_json:
         click.echo(report.to_json())
@@ -166,9 +166,9 @@ def audit(
         out.print(tt)
         notes = []
         if report.continuing:
-            notes.append(f"{report.continuing:,} effects began before the window and are left out")
-        if report.undecodable:
-            notes.append(f"{report.undecodable:,} records could not be decoded")
+            notes.append(
+                f"{report.continuing:,} effects began before the window and are left out (but for their duplicates)"
+            )
         if report.duplicate_keys:
             notes.append("duplicates: " + ", ".join(report.duplicate_keys[:10]))
         for n in notes:

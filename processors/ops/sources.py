@@ -32,6 +32,8 @@ class Replayed:
     error: str | None
     partition: int
     offset: int
+    key: str | None = None  # the record's key (the effect id), known even when the value does not decode
+    in_window: bool = True  # positioned before the window's end (see ``effect_ledger.processors.ops.audit``)
 
 
 def _consumer(cfg: KafkaConfig) -> Consumer:
@@ -123,13 +125,44 @@ def replay_topic(
         c.close()
 
 
-def replay_events(cfg: KafkaConfig, from_ms: int | None, progress: Progress | None = None) -> Iterator[Replayed]:
+def window_ends(cfg: KafkaConfig, topic: str, to_ms: int) -> dict[int, int]:
+    """Per partition, the offset of the first record whose timestamp is at or after ``to_ms``
+    (``offsets_for_times``), or the high watermark when there is none: where a window ending at
+    ``to_ms`` ends in the log. Found the same way as where it starts, so a window is a range of
+    positions in each partition, and no event's own clock decides what lies inside it."""
+    c = _consumer(cfg)
+    try:
+        parts = _partitions(c, topic)
+        found = c.offsets_for_times([TopicPartition(topic, p, to_ms) for p in parts], timeout=10)
+        ends = {}
+        for tp in found:
+            end = tp.offset
+            if end in (OFFSET_END, -1):  # no record at or after to_ms: the window runs to the end
+                _, end = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            ends[tp.partition] = end
+        return ends
+    finally:
+        c.close()
+
+
+def _key_text(key: bytes | None) -> str | None:
+    return None if key is None else key.decode("utf-8", "replace")
+
+
+def replay_events(
+    cfg: KafkaConfig, from_ms: int | None, progress: Progress | None = None, to_ms: int | None = None
+) -> Iterator[Replayed]:
+    """Every record of ``effects.events`` from the first whose timestamp is at or after ``from_ms``,
+    decoded or not. With ``to_ms``, records from the first whose timestamp is at or after it on are
+    marked ``in_window=False`` (they are replayed all the same: later events of effects begun inside)."""
+    ends = window_ends(cfg, cfg.topics.events, to_ms) if to_ms is not None else None
     codec = default_codec()
-    for _key, value, p, off in replay_topic(cfg, cfg.topics.events, from_ms, progress):
+    for key, value, p, off in replay_topic(cfg, cfg.topics.events, from_ms, progress):
+        in_window = ends is None or off < ends.get(p, 0)
         try:
-            yield Replayed(codec.decode(value), None, p, off)
+            yield Replayed(codec.decode(value), None, p, off, _key_text(key), in_window)
         except DecodeError as e:
-            yield Replayed(None, str(e), p, off)
+            yield Replayed(None, str(e), p, off, _key_text(key), in_window)
 
 
 def key_events(cfg: KafkaConfig, key: str, progress: Progress | None = None) -> Iterator[Event]:
@@ -164,23 +197,31 @@ def latest_states(cfg: KafkaConfig, progress: Progress | None = None) -> dict[st
     return out
 
 
-def db_events(path: str | Path, from_ms: int | None = None) -> Iterator[Replayed]:
-    """Events of an embedded ledger file, in the order they were written."""
+def db_events(path: str | Path, from_ms: int | None = None, to_ms: int | None = None) -> Iterator[Replayed]:
+    """Events of an embedded ledger file, in the order they were written, from the first row whose
+    time is at or after ``from_ms``: the same cut as ``offsets_for_times`` on Kafka. Rows after that
+    one are all replayed, whatever time they carry; with ``to_ms``, rows from the first at or after it
+    on are marked ``in_window=False``."""
     p = Path(path)
     if not p.exists():
         raise SourceError(f"no ledger file at {p}")
     codec = default_codec()
     conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    first_at = "(SELECT min(seq) FROM events WHERE at_ms >= ?)"
     try:
-        sql = "SELECT seq, body FROM events" + (" WHERE at_ms >= ?" if from_ms is not None else "") + " ORDER BY seq"
         try:
-            cur = conn.execute(sql, (from_ms,) if from_ms is not None else ())
+            start = conn.execute(f"SELECT {first_at}", (from_ms,)).fetchone()[0] if from_ms is not None else 0
+            end = conn.execute(f"SELECT {first_at}", (to_ms,)).fetchone()[0] if to_ms is not None else None
+            if start is None:
+                return  # nothing at or after from_ms
+            cur = conn.execute("SELECT seq, effect_id, body FROM events WHERE seq >= ? ORDER BY seq", (start,))
+            for seq, key, body in cur:
+                in_window = end is None or seq < end
+                try:
+                    yield Replayed(codec.decode(body), None, 0, seq, key, in_window)
+                except DecodeError as e:
+                    yield Replayed(None, str(e), 0, seq, key, in_window)
         except sqlite3.DatabaseError as e:
-            raise SourceError(f"{p} is not an effect-ledger file: {e}") from None
-        for seq, body in cur:
-            try:
-                yield Replayed(codec.decode(body), None, 0, seq)
-            except DecodeError as e:
-                yield Replayed(None, str(e), 0, seq)
+            raise SourceError(f"{p} is not an effect-ledger file, or is damaged: {e}") from None
     finally:
         conn.close()
