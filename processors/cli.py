@@ -13,6 +13,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from effect_ledger.processors.cli_boundary import (
+    PORT,
+    POSITIVE_SECONDS,
+    STORE_URL,
+    EffectsGroup,
+    LedgerPath,
+    broker_wait,
+    configure,
+)
 from effect_ledger.streams.config import KafkaConfig
 
 console = Console(highlight=False)
@@ -29,7 +38,13 @@ kafka_options = [
         "--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]"
     ),
     click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix"),
-    click.option("--partitions", envvar="EFFECTS_PARTITIONS", type=int, default=None, help="partitions per topic [6]"),
+    click.option(
+        "--partitions",
+        envvar="EFFECTS_PARTITIONS",
+        type=click.IntRange(min=1),
+        default=None,
+        help="partitions per topic [6]",
+    ),
 ]
 
 
@@ -43,15 +58,28 @@ def _kafka(bootstrap: str | None, prefix: str | None, partitions: int | None) ->
     return KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
 
 
-@click.group()
-@click.option("-v", "--verbose", is_flag=True, help="log what the services do")
-def main(verbose: bool) -> None:
-    """effect-ledger: an event-sourced ledger of external side effects."""
+@click.group(cls=EffectsGroup, name="effects")
+@click.option("-v", "--verbose", is_flag=True, help="log what the services do (and an unexpected error's traceback)")
+@click.option(
+    "--broker-timeout",
+    type=POSITIVE_SECONDS,
+    envvar="EFFECTS_BROKER_TIMEOUT",
+    default=None,
+    metavar="SECONDS",
+    help="how long a command waits for a Kafka broker before it gives up [each command's own: 5-30 s]",
+)
+def main(verbose: bool, broker_timeout: float | None) -> None:
+    """effect-ledger: an event-sourced ledger of external side effects.
+
+    Every error is one line on stderr and exit status 1."""
+    configure(verbose, broker_timeout)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
 
 @main.command()
-@click.option("--timeout", type=float, default=2.0, show_default=True, help="the agent's call deadline, seconds")
+@click.option(
+    "--timeout", type=POSITIVE_SECONDS, default=2.0, show_default=True, help="the agent's call deadline, seconds"
+)
 @click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="with --kafka [127.0.0.1:9092]")
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
@@ -59,7 +87,7 @@ def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
     if kafka:
         from effect_ledger.processors.demo.story_kafka import run_kafka_demo
 
-        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout))
+        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10)))
     from effect_ledger.processors.demo.story import run_demo
 
     sys.exit(run_demo(console, timeout=timeout))
@@ -80,7 +108,7 @@ def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | N
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
-        wait_ready(cfg, timeout=10)
+        wait_ready(cfg, timeout=broker_wait(10))
         result = ensure_topics(cfg)
     except (BrokerUnavailable, KafkaException, ValueError) as e:
         _fail(str(e))
@@ -99,7 +127,7 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
-        wait_ready(cfg, timeout=10)
+        wait_ready(cfg, timeout=broker_wait(10))
         found = list_topics(cfg)
     except (BrokerUnavailable, KafkaException) as e:
         _fail(str(e))
@@ -135,9 +163,9 @@ def _targets(spec: str) -> dict[str, Any]:
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(dir_okay=False), help="the ledger file")
+@click.option("--db", required=True, type=LedgerPath(), help="the ledger file")
 @target_options
-@click.option("--interval", type=float, default=0.5, show_default=True, help="seconds between ticks")
+@click.option("--interval", type=POSITIVE_SECONDS, default=0.5, show_default=True, help="seconds between ticks")
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
 def run(
     db: str,
@@ -175,9 +203,9 @@ def run(
     show_default=True,
     help="where the table's RocksDB files live",
 )
-@click.option("--store", default="rocksdb://", show_default=True, help="table store: rocksdb:// or memory://")
+@click.option("--store", type=STORE_URL, default="rocksdb://", show_default=True, help="table store")
 @click.option("--web-host", default="127.0.0.1", show_default=True, help="host of the lookup view")
-@click.option("--web-port", type=int, default=6066, show_default=True, help="port of the lookup view")
+@click.option("--web-port", type=PORT, default=6066, show_default=True, help="port of the lookup view")
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
@@ -202,7 +230,7 @@ def worker(
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
-        wait_ready(cfg, timeout=30)
+        wait_ready(cfg, timeout=broker_wait(30))
         ensure_topics(cfg)
     except (BrokerUnavailable, ValueError) as e:
         _fail(str(e))
@@ -243,7 +271,7 @@ def reconcile(
     cfg = _kafka(bootstrap, prefix, partitions)
     targets = _targets(targets_spec)
     try:
-        wait_ready(cfg, timeout=30)
+        wait_ready(cfg, timeout=broker_wait(30))
     except BrokerUnavailable as e:
         _fail(str(e))
 
@@ -258,7 +286,7 @@ def reconcile(
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False), help="the ledger file (outbox)")
+@click.option("--db", required=True, type=LedgerPath(exists=True), help="the ledger file (outbox)")
 @with_kafka
 def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
     """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
@@ -269,15 +297,15 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     from effect_ledger.streams.store import Store
 
     cfg = _kafka(bootstrap, prefix, partitions)
-    try:
-        wait_ready(cfg, timeout=30)
-    except BrokerUnavailable as e:
-        _fail(str(e))
 
     async def go() -> int:
-        store = await Store.open(db)
+        store = await Store.open(db)  # a file that is not a ledger is refused before a broker is asked
         try:
             pending = await store.outbox_depth()
+            try:
+                await asyncio.to_thread(wait_ready, cfg, broker_wait(30))
+            except BrokerUnavailable as e:
+                _fail(str(e))
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
                 sent = await Relay(store, cfg).drain(lambda n: progress.update(task, completed=n))

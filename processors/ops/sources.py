@@ -7,12 +7,14 @@ millions of events runs in the memory of what is folded from them.
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 
 from effect_ledger.streams.codec import DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
@@ -149,6 +151,68 @@ def _key_text(key: bytes | None) -> str | None:
     return None if key is None else key.decode("utf-8", "replace")
 
 
+# librdkafka's errors meaning "no broker can be reached" (as opposed to a record-level error).
+_UNREACHABLE = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE})
+
+
+def follow_topic(
+    cfg: KafkaConfig,
+    topic: str,
+    *,
+    give_up_s: float,
+    from_beginning: bool = False,
+    stop: threading.Event | None = None,
+) -> Iterator[bytes | None]:
+    """The values of ``topic`` as they arrive (a fresh consumer group, no commits), until ``stop``
+    is set. Raises ``SourceError`` once no broker has answered for ``give_up_s`` seconds: at the
+    start, or after the broker went away. While it is away the consumer asks for metadata once a
+    second, so a broker that comes back within the bound is followed again."""
+    down_since: float | None = time.monotonic()  # until a broker has answered
+    last_error = "no answer yet"
+
+    def on_error(err: KafkaError) -> None:  # librdkafka reports here, from poll(); its logs stay quiet
+        nonlocal down_since, last_error
+        last_error = err.str()
+        if err.code() in _UNREACHABLE and down_since is None:
+            down_since = time.monotonic()
+
+    c = Consumer(
+        cfg.confluent(
+            **{
+                "group.id": f"effects-follow-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "error_cb": on_error,
+            }
+        )
+    )
+    probe_at = 0.0
+    try:
+        c.subscribe([topic])
+        while stop is None or not stop.is_set():
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                down_since = None
+                yield m.value()
+                continue
+            if down_since is None:
+                continue
+            now = time.monotonic()
+            if now - down_since >= give_up_s:
+                raise SourceError(
+                    f"no Kafka broker answered at {cfg.bootstrap} for {give_up_s:g} s ({last_error}); gave up"
+                )
+            if now >= probe_at:
+                probe_at = now + 1.0
+                try:
+                    c.list_topics(topic, timeout=min(1.0, give_up_s))
+                    down_since = None
+                except KafkaException as e:
+                    last_error = e.args[0].str() if e.args else str(e)
+    finally:
+        c.close()
+
+
 def replay_events(
     cfg: KafkaConfig, from_ms: int | None, progress: Progress | None = None, to_ms: int | None = None
 ) -> Iterator[Replayed]:
@@ -207,20 +271,19 @@ def db_events(path: str | Path, from_ms: int | None = None, to_ms: int | None = 
         raise SourceError(f"no ledger file at {p}")
     codec = default_codec()
     conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
-    first_at = "(SELECT min(seq) FROM events WHERE at_ms >= ?)"
+    started, ended = from_ms is None, False
     try:
         try:
-            start = conn.execute(f"SELECT {first_at}", (from_ms,)).fetchone()[0] if from_ms is not None else 0
-            end = conn.execute(f"SELECT {first_at}", (to_ms,)).fetchone()[0] if to_ms is not None else None
-            if start is None:
-                return  # nothing at or after from_ms
-            cur = conn.execute("SELECT seq, effect_id, body FROM events WHERE seq >= ? ORDER BY seq", (start,))
-            for seq, key, body in cur:
-                in_window = end is None or seq < end
+            # One pass in the order of writing: times only mark where the window starts and ends.
+            for seq, key, at_ms, body in conn.execute("SELECT seq, effect_id, at_ms, body FROM events ORDER BY seq"):
+                started = started or (from_ms is not None and at_ms >= from_ms)
+                if not started:
+                    continue
+                ended = ended or (to_ms is not None and at_ms >= to_ms)
                 try:
-                    yield Replayed(codec.decode(body), None, 0, seq, key, in_window)
+                    yield Replayed(codec.decode(body), None, 0, seq, key, not ended)
                 except DecodeError as e:
-                    yield Replayed(None, str(e), 0, seq, key, in_window)
+                    yield Replayed(None, str(e), 0, seq, key, not ended)
         except sqlite3.DatabaseError as e:
             raise SourceError(f"{p} is not an effect-ledger file, or is damaged: {e}") from None
     finally:

@@ -339,7 +339,7 @@ def test_unreachable_broker_is_one_line(setup: Setup, tmp_path: Path) -> None:
         "trace": ["trace", key],
         "escalations": ["escalations"],
         "resolve": ["resolve", key, "--absent", "--by", "a", "--reason", "r"],
-        "tail": ["tail", "--count", "1"],
+        "tail": ["tail", "--count", "1", "--give-up-after", "5"],
         "sink": ["sink", "--to", f"sqlite:///{tmp_path / 'x.db'}", "--once"],
     }
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
