@@ -13,8 +13,17 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from effect_ledger.processors.cli_boundary import (
+    PORT,
+    POSITIVE_SECONDS,
+    STORE_URL,
+    EffectsGroup,
+    LedgerPath,
+    broker_wait,
+    configure,
+)
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.extras import explain, require
+from effect_ledger.streams.extras import require
 
 console = Console(highlight=False)
 
@@ -30,7 +39,13 @@ kafka_options = [
         "--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]"
     ),
     click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix"),
-    click.option("--partitions", envvar="EFFECTS_PARTITIONS", type=int, default=None, help="partitions per topic [6]"),
+    click.option(
+        "--partitions",
+        envvar="EFFECTS_PARTITIONS",
+        type=click.IntRange(min=1),
+        default=None,
+        help="partitions per topic [6]",
+    ),
 ]
 
 
@@ -44,34 +59,28 @@ def _kafka(bootstrap: str | None, prefix: str | None, partitions: int | None) ->
     return KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
 
 
-class EffectsGroup(click.Group):
-    """The command group of ``effects``. The Kafka commands import their optional dependencies
-    (the ``[kafka]`` / ``[processor]`` extras) when they run; if one is not installed, this is the
-    one place that says so: one line naming the extra to install, exit 1, no traceback."""
+@click.group(cls=EffectsGroup, name="effects")
+@click.option("-v", "--verbose", is_flag=True, help="log what the services do (and an unexpected error's traceback)")
+@click.option(
+    "--broker-timeout",
+    type=POSITIVE_SECONDS,
+    envvar="EFFECTS_BROKER_TIMEOUT",
+    default=None,
+    metavar="SECONDS",
+    help="how long a command waits for a Kafka broker before it gives up [each command's own: 5-30 s]",
+)
+def main(verbose: bool, broker_timeout: float | None) -> None:
+    """effect-ledger: an event-sourced ledger of external side effects.
 
-    group_class = type  # subgroups (``effects topics``) are EffectsGroups too
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ImportError as e:
-            command = " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))
-            why = explain(e, command)
-            if why is None:
-                raise
-            click.echo(str(why), err=True)
-            sys.exit(1)
-
-
-@click.group(cls=EffectsGroup)
-@click.option("-v", "--verbose", is_flag=True, help="log what the services do")
-def main(verbose: bool) -> None:
-    """effect-ledger: an event-sourced ledger of external side effects."""
+    Every error is one line on stderr and exit status 1."""
+    configure(verbose, broker_timeout)
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
 
 @main.command()
-@click.option("--timeout", type=float, default=2.0, show_default=True, help="the agent's call deadline, seconds")
+@click.option(
+    "--timeout", type=POSITIVE_SECONDS, default=2.0, show_default=True, help="the agent's call deadline, seconds"
+)
 @click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="with --kafka [127.0.0.1:9092]")
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
@@ -80,7 +89,7 @@ def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
         require("processor", "effects demo --kafka")  # it starts a processor: say so before anything runs
         from effect_ledger.processors.demo.story_kafka import run_kafka_demo
 
-        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout))
+        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10)))
     from effect_ledger.processors.demo.story import run_demo
 
     sys.exit(run_demo(console, timeout=timeout))
@@ -101,7 +110,7 @@ def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | N
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
-        wait_ready(cfg, timeout=10)
+        wait_ready(cfg, timeout=broker_wait(10))
         result = ensure_topics(cfg)
     except (BrokerUnavailable, KafkaException, ValueError) as e:
         _fail(str(e))
@@ -120,7 +129,7 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
 
     cfg = _kafka(bootstrap, prefix, partitions)
     try:
-        wait_ready(cfg, timeout=10)
+        wait_ready(cfg, timeout=broker_wait(10))
         found = list_topics(cfg)
     except (BrokerUnavailable, KafkaException) as e:
         _fail(str(e))
@@ -156,9 +165,9 @@ def _targets(spec: str) -> dict[str, Any]:
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(dir_okay=False), help="the ledger file")
+@click.option("--db", required=True, type=LedgerPath(), help="the ledger file")
 @target_options
-@click.option("--interval", type=float, default=0.5, show_default=True, help="seconds between ticks")
+@click.option("--interval", type=POSITIVE_SECONDS, default=0.5, show_default=True, help="seconds between ticks")
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
 def run(
     db: str,
@@ -196,14 +205,14 @@ def run(
     show_default=True,
     help="where the table's RocksDB files live",
 )
-@click.option("--store", default="rocksdb://", show_default=True, help="table store: rocksdb:// or memory://")
+@click.option("--store", type=STORE_URL, default="rocksdb://", show_default=True, help="table store")
 @click.option(
     "--web-host",
     default="127.0.0.1",
     show_default=True,
     help="address the lookup view listens on; beyond loopback (e.g. 0.0.0.0) it needs --web-token",
 )
-@click.option("--web-port", type=int, default=6066, show_default=True, help="port of the lookup view")
+@click.option("--web-port", type=PORT, default=6066, show_default=True, help="port of the lookup view")
 @click.option(
     "--web-token",
     envvar="EFFECTS_WEB_TOKEN",
@@ -249,7 +258,7 @@ def worker(
     )
     try:
         settings.check_web()  # before anything is contacted or started
-        wait_ready(cfg, timeout=30)
+        wait_ready(cfg, timeout=broker_wait(30))
         ensure_topics(cfg)
     except (BrokerUnavailable, ConfigError, ValueError) as e:
         _fail(str(e))
@@ -279,7 +288,7 @@ def reconcile(
     cfg = _kafka(bootstrap, prefix, partitions)
     targets = _targets(targets_spec)
     try:
-        wait_ready(cfg, timeout=30)
+        wait_ready(cfg, timeout=broker_wait(30))
     except BrokerUnavailable as e:
         _fail(str(e))
 
@@ -294,7 +303,7 @@ def reconcile(
 
 
 @main.command()
-@click.option("--db", required=True, type=click.Path(exists=True, dir_okay=False), help="the ledger file (outbox)")
+@click.option("--db", required=True, type=LedgerPath(exists=True), help="the ledger file (outbox)")
 @with_kafka
 def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
     """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
@@ -305,15 +314,15 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     from effect_ledger.streams.store import Store
 
     cfg = _kafka(bootstrap, prefix, partitions)
-    try:
-        wait_ready(cfg, timeout=30)
-    except BrokerUnavailable as e:
-        _fail(str(e))
 
     async def go() -> tuple[int, int]:
-        store = await Store.open(db)
+        store = await Store.open(db)  # a file that is not a ledger is refused before a broker is asked
         try:
             pending = await store.outbox_depth()
+            try:
+                await asyncio.to_thread(wait_ready, cfg, broker_wait(30))
+            except BrokerUnavailable as e:
+                _fail(str(e))
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
                 relay = Relay(store, cfg)

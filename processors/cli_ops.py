@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from effect_ledger.processors.cli_boundary import POSITIVE_SECONDS, LedgerPath, broker_wait, kafka_log_level
 from effect_ledger.processors.ops.sources import SourceError
 from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
@@ -58,7 +59,7 @@ def source_options(fn: Any) -> Any:
     for opt in reversed(
         [
             click.option(
-                "--db", type=click.Path(dir_okay=False), default=None, help="an embedded ledger file instead of Kafka"
+                "--db", type=LedgerPath(), default=None, help="an embedded ledger file instead of Kafka"
             ),
             click.option(
                 "--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]"
@@ -70,9 +71,14 @@ def source_options(fn: Any) -> Any:
     return fn
 
 
+def kafka_config(bootstrap: str | None, prefix: str | None) -> KafkaConfig:
+    """The operator commands' Kafka settings: librdkafka's own logging quiet unless ``-v``."""
+    return KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, log_level=kafka_log_level())
+
+
 def kafka_of(bootstrap: str | None, prefix: str | None) -> KafkaConfig:
-    cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix)
-    wait_ready(cfg, timeout=5)
+    cfg = kafka_config(bootstrap, prefix)
+    wait_ready(cfg, timeout=broker_wait(5))
     return cfg
 
 
@@ -135,9 +141,9 @@ def audit(
         stuck_ms = duration_ms(stuck_after)
         with progress_bar("replaying effects.events") as progress:
             if db is not None:
-                records = db_events(db, start)
+                records = db_events(db, start, end)
             else:
-                records = replay_events(kafka_of(bootstrap, prefix), start, progress)
+                records = replay_events(kafka_of(bootstrap, prefix), start, progress, end)
             report = run_audit(records, start, end, now, stuck_ms)
     if as_json:
         click.echo(report.to_json())
@@ -174,9 +180,9 @@ def audit(
         out.print(tt)
         notes = []
         if report.continuing:
-            notes.append(f"{report.continuing:,} effects began before the window and are left out")
-        if report.undecodable:
-            notes.append(f"{report.undecodable:,} records could not be decoded")
+            notes.append(
+                f"{report.continuing:,} effects began before the window and are left out (but for their duplicates)"
+            )
         if report.duplicate_keys:
             notes.append("duplicates: " + ", ".join(report.duplicate_keys[:10]))
         for n in notes:
@@ -279,7 +285,14 @@ def stuck(db: str | None, bootstrap: str | None, prefix: str | None, older_than:
 @click.option("--target", "targets", multiple=True, help="only these targets; repeatable")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines output")
 @click.option("--from-beginning", is_flag=True, help="start at the oldest retained state, not the newest")
-@click.option("--count", type=int, default=None, help="exit after this many matching records")
+@click.option("--count", type=click.IntRange(min=0), default=None, help="exit after this many matching records")
+@click.option(
+    "--give-up-after",
+    type=POSITIVE_SECONDS,
+    default=None,
+    metavar="SECONDS",
+    help="exit 1 when no broker has answered for this long, at the start or later [30, or --broker-timeout]",
+)
 def tail(
     bootstrap: str | None,
     prefix: str | None,
@@ -288,12 +301,11 @@ def tail(
     as_json: bool,
     from_beginning: bool,
     count: int | None,
+    give_up_after: float | None,
 ) -> None:
-    """Follow effects.state: one line per state change, filterable by state and target."""
-    import uuid
-
-    from confluent_kafka import Consumer
-
+    """Follow effects.state: one line per state change, filterable by state and target. A broker
+    that is gone for longer than --give-up-after is one line on stderr and exit 1."""
+    from effect_ledger.processors.ops.sources import follow_topic
     from effect_ledger.streams.codec import DecodeError, default_codec
     from effect_ledger.streams.model import State
 
@@ -301,29 +313,20 @@ def tail(
         for s in states:
             if s.upper() not in State.__members__:
                 raise ValueError(f"--state {s!r}: one of {', '.join(State.__members__)}")
-        cfg = kafka_of(bootstrap, prefix)
+        cfg = kafka_config(bootstrap, prefix)
     wanted = {s.upper() for s in states}
     codec = default_codec()
-    c = Consumer(
-        cfg.confluent(
-            **{
-                "group.id": f"effects-tail-{uuid.uuid4().hex}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest" if from_beginning else "latest",
-            }
-        )
-    )
-    c.subscribe([cfg.topics.state])
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    give_up = give_up_after if give_up_after is not None else broker_wait(30.0)
+    if count == 0:
+        return
     seen = 0
     try:
-        while not stop.is_set() and (count is None or seen < count):
-            m = c.poll(0.5)
-            if m is None or m.error():
-                continue
+        # A broker gone for longer than give_up raises SourceError: the command line's one line, exit 1.
+        for value in follow_topic(cfg, cfg.topics.state, give_up_s=give_up, from_beginning=from_beginning, stop=stop):
             try:
-                st = codec.decode(m.value())
+                st = codec.decode(value)
             except DecodeError:
                 continue
             if (wanted and st.state.value not in wanted) or (targets and st.target not in targets):
@@ -338,10 +341,10 @@ def tail(
                     f"{iso(st.updated_ms)} {st.state.value:<11} {st.target:<12} {st.effect_id} "
                     f"v{st.version}{' ' + st.reason if st.reason else ''}"
                 )
+            if count is not None and seen >= count:
+                break
     except KeyboardInterrupt:
         pass
-    finally:
-        c.close()
 
 
 @click.command()

@@ -62,6 +62,9 @@ class KafkaConfig:
     sasl_username: str | None = None
     sasl_password: str | None = field(default=None, repr=False)
     ssl_cafile: str | None = None
+    # librdkafka's log level (0-7) for every client made from this config; None: librdkafka's own
+    # default. The operator commands set 0: a dead broker is their one-line error, not a log flood.
+    log_level: int | None = None
 
     @property
     def topics(self) -> Topics:
@@ -97,5 +100,7 @@ class KafkaConfig:
             conf["sasl.password"] = self.sasl_password
         if self.ssl_cafile:
             conf["ssl.ca.location"] = self.ssl_cafile
+        if self.log_level is not None:
+            conf["log_level"] = self.log_level
         conf.update(extra)
         return conf

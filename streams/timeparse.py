@@ -1,5 +1,8 @@
 """Times and durations on the command line: ``2026-11-29T10:00:00Z``, ``2026-11-29 10:00``,
-``now``, ``-1h`` (relative to now), epoch milliseconds; durations ``90s``, ``10m``, ``2h``, ``1d``."""
+``now``, ``-1h`` (relative to now), epoch milliseconds; durations ``90s``, ``10m``, ``2h``, ``1d``.
+
+Times are bounded to what Kafka timestamps and ``iso`` can hold: from 1970-01-01 (epoch 0) to the
+end of year 9999; durations to that span. Anything outside is a ``TimeSpecError``, never an overflow."""
 
 from __future__ import annotations
 
@@ -11,6 +14,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
 
 
+MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z
+
+
 class TimeSpecError(ValueError):
     pass
 
@@ -19,25 +25,34 @@ def duration_ms(text: str) -> int:
     m = _DURATION.match(text)
     if not m:
         raise TimeSpecError(f"not a duration: {text!r} (examples: 90s, 10m, 2h, 1d)")
-    return int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    ms = float(m.group(1)) * _UNIT_MS[m.group(2)]
+    if not ms <= MAX_MS:
+        raise TimeSpecError(f"duration out of range: {text!r} (at most the span from 1970 to 9999)")
+    return int(ms)
 
 
 def time_ms(text: str, now_ms: int | None = None) -> int:
     now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
     t = text.strip()
     if t == "now":
-        return now
-    if t.startswith("-"):
-        return now - duration_ms(t[1:])
-    if t.isdigit() and len(t) >= 12:
-        return int(t)
-    try:
-        dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
-    except ValueError:
-        raise TimeSpecError(f"not a time: {text!r} (examples: 2026-11-29T10:00:00Z, now, -1h, epoch ms)") from None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return int(dt.timestamp() * 1000)
+        ms = now
+    elif t.startswith("-"):
+        ms = now - duration_ms(t[1:])
+    elif t.isdigit() and len(t) >= 12:
+        ms = int(t)
+    else:
+        try:
+            dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
+        except ValueError:
+            raise TimeSpecError(
+                f"not a time: {text!r} (examples: 2026-11-29T10:00:00Z, now, -1h, epoch ms)"
+            ) from None
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        ms = int(dt.timestamp() * 1000)
+    if not 0 <= ms <= MAX_MS:
+        raise TimeSpecError(f"time out of range: {text!r} (from 1970-01-01 to 9999-12-31)")
+    return ms
 
 
 def iso(ms: int | None) -> str:

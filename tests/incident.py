@@ -47,6 +47,9 @@ class Expected:
     duplicates: int = DOUBLED
     stuck: int = STUCK
     window_ms: int = 2  # every recorded execution: 2 ms from call end to record
+    # records on the log: doubled 2 x (intent, executed, receipt); stuck an intent; uncertain intent,
+    # timeout, resolution; normal intent, executed, receipt
+    records: int = 6 * DOUBLED + STUCK + 3 * UNCERTAIN + 3 * (N - DOUBLED - STUCK - UNCERTAIN)
 
 
 EXPECTED = Expected()

@@ -23,6 +23,7 @@ CHECKS = (
     "duplicate_executions",
     "stuck_over_10m",
     "sent_unrecorded_window",
+    "undecodable_records",
 )
 
 
@@ -43,6 +44,7 @@ def expected_checks(x: Expected = EXPECTED) -> dict[str, dict[str, Any]]:
         "duplicate_executions": (x.duplicates, x.effects, "none"),
         "stuck_over_10m": (x.stuck, x.effects, "none"),
         "sent_unrecorded_window": (executions, executions, "p99 <= 1000 ms"),
+        "undecodable_records": (0, x.records, "none"),
     }
     out = {}
     for name, (num, den, criterion) in rows.items():

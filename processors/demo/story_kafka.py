@@ -70,14 +70,17 @@ class StateWatcher(threading.Thread):
         self._stop_flag.set()
 
 
-def run_kafka_demo(console: Console, bootstrap: str | None = None, timeout: float = 2.0) -> int:
+def run_kafka_demo(
+    console: Console, bootstrap: str | None = None, timeout: float = 2.0, broker_timeout: float = 10.0
+) -> int:
+    """The refund story through Kafka; returns the exit status. ``BrokerUnavailable`` when no broker
+    answers within ``broker_timeout`` s (the command line prints it as its one line)."""
     started = time.monotonic()
     cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=f"demo{uuid.uuid4().hex[:8]}.", partitions=3)
     try:
-        wait_ready(cfg, timeout=10)
-    except BrokerUnavailable as e:
-        console.print(f"[red]{e}[/]\nStart one with `make kafka-up` (or `docker compose up -d kafka`).")
-        return 2
+        wait_ready(cfg, timeout=broker_timeout)
+    except BrokerUnavailable as e:  # the command line's one line on stderr, exit 1
+        raise BrokerUnavailable(f"{e}; start one with `make kafka-up` (or `docker compose up -d kafka`)") from None
     ensure_topics(cfg)
     console.rule("[bold]effect-ledger demo through Kafka: a refund, a crash, a restart on another host")
     console.print(f"Broker {cfg.bootstrap}, topics {cfg.prefix}effects.*\n")

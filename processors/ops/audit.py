@@ -12,10 +12,26 @@ One row per check, each with numerator, denominator, criterion and pass/fail:
 | duplicate_executions | effects executed more than once (or with two receipt ids) / effects | none |
 | stuck_over_10m | effects in an intermediate state longer than 10 min / effects | none |
 | sent_unrecorded_window | p50/p99/max ms from a call's end to its durable record | p99 <= 1000 ms |
+| undecodable_records | records that do not decode / records replayed | none |
 
-An effect is in the window when its first intent is. Its later events (a receipt after the window)
-are folded too; events of effects that began before the window are counted as "continuing" and
-left out. The replay streams: per effect it keeps a small accumulator, never the events.
+Which effects are in the window is decided by positions in the log, never by the clocks written
+into events (agents, webhook hosts, reconcilers and processors each stamp their own):
+
+* The window is a range of positions: on each partition of ``effects.events`` (an embedded ledger:
+  its one sequence of rows) it starts at the first record whose timestamp is at or after ``--from``
+  and ends at the first at or after ``--to`` (``offsets_for_times``; embedded: the row's time). The
+  replay reads from the start to the end of the log as it stands when the audit begins, and folds
+  every record it reads, whatever time its event carries.
+* An effect is in the window when the replay holds one of its intents positioned inside it: an
+  attempt of it began there. Its later events (a receipt after the window, a webhook whose clock is
+  an hour slow) count too. A key's records share one partition, so they are in one order.
+* An effect whose replayed records hold no intent began before the window (or its intent does not
+  decode): it is counted as "continuing" and left out of the ratios, except that a double
+  execution its records show is still counted in ``duplicate_executions`` and listed: the audit
+  never reports fewer duplicates than ``effects trace`` shows for the records it read.
+* A record that does not decode fails ``undecodable_records``, its key listed: nothing vanishes.
+
+The replay streams: per effect it keeps a small accumulator, never the events.
 """
 
 from __future__ import annotations
@@ -44,6 +60,7 @@ from effect_ledger.streams.model import (
 
 STUCK_MS = 10 * 60 * 1000
 WINDOW_P99_MS = 1000
+MAX_LISTED_KEYS = 100  # keys of undecodable records named in the report; the count is always whole
 
 
 class _Acc:
@@ -53,7 +70,7 @@ class _Acc:
     __slots__ = (
         "target",
         "first_intent_ms",
-        "first_ms",
+        "opened",
         "seen",
         "attempts",
         "keyed",
@@ -73,7 +90,7 @@ class _Acc:
     def __init__(self) -> None:
         self.target = ""
         self.first_intent_ms: int | None = None
-        self.first_ms: int | None = None
+        self.opened = False  # one of its intents lies in the window's part of the log
         self.seen: set[int] = set()
         self.attempts: set[int] = set()
         self.keyed: set[int] = set()
@@ -96,7 +113,6 @@ class _Acc:
         self.seen.add(h)
         at: int = e.at_ms  # type: ignore[attr-defined]
         a: int = e.attempt  # type: ignore[attr-defined]
-        self.first_ms = at if self.first_ms is None else min(self.first_ms, at)
         if isinstance(e, Intent):
             self.target = e.target
             self.attempts.add(a)
@@ -204,6 +220,7 @@ class AuditReport:
     events: int = 0
     undecodable: int = 0
     continuing: int = 0  # effects that began before the window
+    undecodable_keys: list[str] = field(default_factory=list)  # at most MAX_LISTED_KEYS
     checks: list[Check] = field(default_factory=list)
     targets: list[TargetRow] = field(default_factory=list)
     duplicate_keys: list[str] = field(default_factory=list)
@@ -246,6 +263,11 @@ def _label(ms: int) -> str:
     return f"{ms / 1000:g}s"
 
 
+def _listed(what: str, keys: list[str], total: int) -> str:
+    more = f" (the first {MAX_LISTED_KEYS} of {total:,} records)" if len(keys) >= MAX_LISTED_KEYS else ""
+    return f"{what}{more}: {', '.join(keys)}"
+
+
 def _percentile(sorted_values: list[int], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -256,7 +278,9 @@ def _percentile(sorted_values: list[int], q: float) -> float | None:
 def audit(
     records: Iterable[Replayed], from_ms: int, to_ms: int, as_of_ms: int, stuck_ms: int = STUCK_MS
 ) -> AuditReport:
-    """Fold a replay into the report. ``as_of_ms``: "now" for effects still open at the end."""
+    """Fold a replay into the report. ``as_of_ms``: "now" for effects still open at the end.
+    ``records`` carry the window (a source read from ``from_ms`` and marked what lies before
+    ``to_ms``: ``db_events`` / ``replay_events``); ``from_ms`` and ``to_ms`` only label the report."""
     report = AuditReport(from_ms, to_ms, as_of_ms)
     accs: dict[str, _Acc] = {}
     # The accumulators hold no reference cycles: the cyclic collector would only rescan them.
@@ -267,37 +291,44 @@ def audit(
     finally:
         if gc_was_on:
             gc.enable()
-    return _report(accs, report, from_ms, to_ms, as_of_ms, stuck_ms)
+    return _report(accs, report, as_of_ms, stuck_ms)
 
 
 def _fold(records: Iterable[Replayed], accs: dict[str, _Acc], report: AuditReport) -> None:
+    damaged: set[str] = set()
     for r in records:
         if r.event is None:
             report.undecodable += 1
+            if len(damaged) < MAX_LISTED_KEYS:
+                damaged.add(r.key if r.key is not None else f"(no key: partition {r.partition} offset {r.offset})")
             continue
         report.events += 1
         acc = accs.get(r.event.effect_id)
         if acc is None:
             acc = accs[r.event.effect_id] = _Acc()
         acc.add(r.event)
+        if r.in_window and isinstance(r.event, Intent):
+            acc.opened = True
+    report.undecodable_keys = sorted(damaged)
 
 
-def _report(
-    accs: dict[str, _Acc], report: AuditReport, from_ms: int, to_ms: int, as_of_ms: int, stuck_ms: int
-) -> AuditReport:
+def _report(accs: dict[str, _Acc], report: AuditReport, as_of_ms: int, stuck_ms: int) -> AuditReport:
     totals = TargetRow("all")
     per_target: dict[str, TargetRow] = {}
     attempts_due = outcomes = executed = with_receipt = 0
     windows: list[int] = []
     target_windows: dict[str, list[int]] = {}
+    continuing_dups = 0
     for key, acc in accs.items():
-        if acc.first_intent_ms is None or acc.first_ms is None or acc.first_ms < from_ms:
-            report.continuing += 1
-            continue
-        if not from_ms <= acc.first_intent_ms < to_ms:
-            continue
-        row = per_target.setdefault(acc.target, TargetRow(acc.target))
         dup = acc.ok_execs > 1 or len(acc.receipt_ids) > 1
+        if not acc.opened or acc.first_intent_ms is None:
+            if acc.first_intent_ms is None:  # no intent replayed: it began before the window
+                report.continuing += 1
+                if dup:  # partial history, but two executions are two executions
+                    continuing_dups += 1
+                    report.duplicate_keys.append(key)
+            continue  # otherwise every intent of it lies after the window's end
+        row = per_target.setdefault(acc.target, TargetRow(acc.target))
         settled = acc.settled_at()
         stuck = ((settled if settled is not None else as_of_ms) - acc.first_intent_ms) > stuck_ms
         uncertain = acc.became_uncertain()
@@ -334,7 +365,14 @@ def _report(
         Check(
             "resolved_by_reconciliation", totals.resolved, totals.uncertain, "all", totals.resolved == totals.uncertain
         ),
-        Check("duplicate_executions", totals.duplicates, totals.effects, "none", totals.duplicates == 0),
+        Check(
+            "duplicate_executions",
+            totals.duplicates + continuing_dups,
+            totals.effects + continuing_dups,
+            "none",
+            totals.duplicates + continuing_dups == 0,
+            f"{continuing_dups} of them began before the window" if continuing_dups else "",
+        ),
         Check(f"stuck_over_{_label(stuck_ms)}", totals.stuck, totals.effects, "none", totals.stuck == 0),
         Check(
             "sent_unrecorded_window",
@@ -343,6 +381,14 @@ def _report(
             f"p99 <= {WINDOW_P99_MS} ms",
             p99 is None or p99 <= WINDOW_P99_MS,
             "no executions" if p99 is None else f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {mx:.0f} ms",
+        ),
+        Check(
+            "undecodable_records",
+            report.undecodable,
+            report.events + report.undecodable,
+            "none",
+            report.undecodable == 0,
+            _listed("keys", report.undecodable_keys, report.undecodable) if report.undecodable else "",
         ),
     ]
     for name, row in sorted(per_target.items()):

@@ -10,6 +10,8 @@ in the base install.
 from __future__ import annotations
 
 import sqlite3
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from effect_ledger.streams.model import EffectState, Event
 from effect_ledger.streams.partition import partition_for
 
 if TYPE_CHECKING:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 Progress = Callable[[int, int], None]  # (done, total)
 
@@ -37,6 +39,8 @@ class Replayed:
     error: str | None
     partition: int
     offset: int
+    key: str | None = None  # the record's key (the effect id), known even when the value does not decode
+    in_window: bool = True  # positioned before the window's end (see ``effect_ledger.processors.ops.audit``)
 
 
 def _consumer(cfg: KafkaConfig) -> Consumer:
@@ -134,13 +138,108 @@ def replay_topic(
         c.close()
 
 
-def replay_events(cfg: KafkaConfig, from_ms: int | None, progress: Progress | None = None) -> Iterator[Replayed]:
+def window_ends(cfg: KafkaConfig, topic: str, to_ms: int) -> dict[int, int]:
+    """Per partition, the offset of the first record whose timestamp is at or after ``to_ms``
+    (``offsets_for_times``), or the high watermark when there is none: where a window ending at
+    ``to_ms`` ends in the log. Found the same way as where it starts, so a window is a range of
+    positions in each partition, and no event's own clock decides what lies inside it."""
+    from confluent_kafka import OFFSET_END, TopicPartition
+
+    c = _consumer(cfg)
+    try:
+        parts = _partitions(c, topic)
+        found = c.offsets_for_times([TopicPartition(topic, p, to_ms) for p in parts], timeout=10)
+        ends = {}
+        for tp in found:
+            end = tp.offset
+            if end in (OFFSET_END, -1):  # no record at or after to_ms: the window runs to the end
+                _, end = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            ends[tp.partition] = end
+        return ends
+    finally:
+        c.close()
+
+
+def _key_text(key: bytes | None) -> str | None:
+    return None if key is None else key.decode("utf-8", "replace")
+
+
+def follow_topic(
+    cfg: KafkaConfig,
+    topic: str,
+    *,
+    give_up_s: float,
+    from_beginning: bool = False,
+    stop: threading.Event | None = None,
+) -> Iterator[bytes | None]:
+    """The values of ``topic`` as they arrive (a fresh consumer group, no commits), until ``stop``
+    is set. Raises ``SourceError`` once no broker has answered for ``give_up_s`` seconds: at the
+    start, or after the broker went away. While it is away the consumer asks for metadata once a
+    second, so a broker that comes back within the bound is followed again."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException
+
+    # librdkafka's errors meaning "no broker can be reached" (as opposed to a record-level error).
+    unreachable = frozenset({KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE})
+    down_since: float | None = time.monotonic()  # until a broker has answered
+    last_error = "no answer yet"
+
+    def on_error(err: KafkaError) -> None:  # librdkafka reports here, from poll(); its logs stay quiet
+        nonlocal down_since, last_error
+        last_error = err.str()
+        if err.code() in unreachable and down_since is None:
+            down_since = time.monotonic()
+
+    c = Consumer(
+        cfg.confluent(
+            **{
+                "group.id": f"effects-follow-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest" if from_beginning else "latest",
+                "error_cb": on_error,
+            }
+        )
+    )
+    probe_at = 0.0
+    try:
+        c.subscribe([topic])
+        while stop is None or not stop.is_set():
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                down_since = None
+                yield m.value()
+                continue
+            if down_since is None:
+                continue
+            now = time.monotonic()
+            if now - down_since >= give_up_s:
+                raise SourceError(
+                    f"no Kafka broker answered at {cfg.bootstrap} for {give_up_s:g} s ({last_error}); gave up"
+                )
+            if now >= probe_at:
+                probe_at = now + 1.0
+                try:
+                    c.list_topics(topic, timeout=min(1.0, give_up_s))
+                    down_since = None
+                except KafkaException as e:
+                    last_error = e.args[0].str() if e.args else str(e)
+    finally:
+        c.close()
+
+
+def replay_events(
+    cfg: KafkaConfig, from_ms: int | None, progress: Progress | None = None, to_ms: int | None = None
+) -> Iterator[Replayed]:
+    """Every record of ``effects.events`` from the first whose timestamp is at or after ``from_ms``,
+    decoded or not. With ``to_ms``, records from the first whose timestamp is at or after it on are
+    marked ``in_window=False`` (they are replayed all the same: later events of effects begun inside)."""
+    ends = window_ends(cfg, cfg.topics.events, to_ms) if to_ms is not None else None
     codec = default_codec()
-    for _key, value, p, off in replay_topic(cfg, cfg.topics.events, from_ms, progress):
+    for key, value, p, off in replay_topic(cfg, cfg.topics.events, from_ms, progress):
+        in_window = ends is None or off < ends.get(p, 0)
         try:
-            yield Replayed(codec.decode(value), None, p, off)
+            yield Replayed(codec.decode(value), None, p, off, _key_text(key), in_window)
         except DecodeError as e:
-            yield Replayed(None, str(e), p, off)
+            yield Replayed(None, str(e), p, off, _key_text(key), in_window)
 
 
 def key_events(cfg: KafkaConfig, key: str, progress: Progress | None = None) -> Iterator[Event]:
@@ -175,23 +274,30 @@ def latest_states(cfg: KafkaConfig, progress: Progress | None = None) -> dict[st
     return out
 
 
-def db_events(path: str | Path, from_ms: int | None = None) -> Iterator[Replayed]:
-    """Events of an embedded ledger file, in the order they were written."""
+def db_events(path: str | Path, from_ms: int | None = None, to_ms: int | None = None) -> Iterator[Replayed]:
+    """Events of an embedded ledger file, in the order they were written, from the first row whose
+    time is at or after ``from_ms``: the same cut as ``offsets_for_times`` on Kafka. Rows after that
+    one are all replayed, whatever time they carry; with ``to_ms``, rows from the first at or after it
+    on are marked ``in_window=False``."""
     p = Path(path)
     if not p.exists():
         raise SourceError(f"no ledger file at {p}")
     codec = default_codec()
     conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    started, ended = from_ms is None, False
     try:
-        sql = "SELECT seq, body FROM events" + (" WHERE at_ms >= ?" if from_ms is not None else "") + " ORDER BY seq"
         try:
-            cur = conn.execute(sql, (from_ms,) if from_ms is not None else ())
+            # One pass in the order of writing: times only mark where the window starts and ends.
+            for seq, key, at_ms, body in conn.execute("SELECT seq, effect_id, at_ms, body FROM events ORDER BY seq"):
+                started = started or (from_ms is not None and at_ms >= from_ms)
+                if not started:
+                    continue
+                ended = ended or (to_ms is not None and at_ms >= to_ms)
+                try:
+                    yield Replayed(codec.decode(body), None, 0, seq, key, not ended)
+                except DecodeError as e:
+                    yield Replayed(None, str(e), 0, seq, key, not ended)
         except sqlite3.DatabaseError as e:
-            raise SourceError(f"{p} is not an effect-ledger file: {e}") from None
-        for seq, body in cur:
-            try:
-                yield Replayed(codec.decode(body), None, 0, seq)
-            except DecodeError as e:
-                yield Replayed(None, str(e), 0, seq)
+            raise SourceError(f"{p} is not an effect-ledger file, or is damaged: {e}") from None
     finally:
         conn.close()

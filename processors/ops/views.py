@@ -8,7 +8,8 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,19 @@ def read_only(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+@contextmanager
+def ledger_file(path: str | Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to a ledger file, closed afterwards; a damaged file (a corrupt page
+    met by a query) is a ``SourceError`` naming it."""
+    conn = read_only(path)
+    try:
+        yield conn
+    except sqlite3.DatabaseError as e:
+        raise SourceError(f"{path} is not an effect-ledger file, or is damaged: {e}") from None
+    finally:
+        conn.close()
+
+
 @dataclass(frozen=True)
 class Row:
     effect_id: str
@@ -78,7 +92,7 @@ def stuck(
     cutoff = (now or now_ms()) - older_than_ms
     states = tuple(s.value for s in INTERMEDIATE)
     if db is not None:
-        with read_only(db) as conn:
+        with ledger_file(db) as conn:
             rows = conn.execute(
                 f"SELECT * FROM effects WHERE state IN ({','.join('?' * len(states))}) AND created_ms < ? "
                 "ORDER BY created_ms",
@@ -100,7 +114,7 @@ class Escalation:
 def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> list[Escalation]:
     """ESCALATED effects with their evidence: attempts and every reconciler answer."""
     if db is not None:
-        with read_only(db) as conn:
+        with ledger_file(db) as conn:
             rows = conn.execute("SELECT * FROM effects WHERE state = 'ESCALATED' ORDER BY created_ms").fetchall()
         base = {r["effect_id"]: _row_of_sql(r) for r in rows}
         records: Iterable[Event] = (r.event for r in db_events(db) if r.event and r.event.effect_id in base)

@@ -230,7 +230,7 @@ def in_process(cfg: KafkaConfig, w: Window) -> tuple[Any, Timed]:
     """(report, time) of the audit fold over the window, in this process."""
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
-    report = audit(replay_events(cfg, w.start_ms), w.start_ms, w.end_ms, now_ms())
+    report = audit(replay_events(cfg, w.start_ms, to_ms=w.end_ms), w.start_ms, w.end_ms, now_ms())
     return report, Timed(time.perf_counter() - t0, time.process_time() - c0)
 
 
@@ -351,7 +351,7 @@ def progress(done, total):
 cfg = KafkaConfig.from_env(bootstrap=a["bootstrap"], prefix=a["prefix"])
 trim(0)
 before = {"rss": rss()["VmRSS"], "heap": heap()}
-report = audit(replay_events(cfg, a["from"], progress), a["from"], a["to"], int(time.time() * 1000))
+report = audit(replay_events(cfg, a["from"], progress, a["to"]), a["from"], a["to"], int(time.time() * 1000))
 print(json.dumps({"before": before, "end": end, "samples": samples, "events": report.events,
                   "VmHWM": rss()["VmHWM"]}))
 """

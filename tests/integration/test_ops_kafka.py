@@ -173,7 +173,13 @@ def test_audit_of_a_window_that_excludes_everything(setup: Setup) -> None:
     # After the processor, the window holds its timeouts of the stuck effects (stamped now): events
     # of effects that began before the window, counted as continuing and left out.
     after = json.loads(ok(cli("audit", *setup.p, "--from", "-5m", "--json")))
-    assert after["targets"] == [] and all(c["denominator"] == 0 for c in after["checks"])
+    # Only undecodable_records counts them: every record replayed decoded.
+    assert after["targets"] == [] and all(
+        c["denominator"] == 0 for c in after["checks"] if c["name"] != "undecodable_records"
+    )
+    assert checks_of(after)["undecodable_records"] == {
+        "numerator": 0, "denominator": after["events"], "criterion": "none", "passed": True,
+    }  # fmt: skip
     assert after["continuing"] >= EXPECTED.stuck
 
 
@@ -185,6 +191,7 @@ def test_audit_after_the_processor_adds_only_the_timeouts_of_the_stuck(setup: Se
     uncertain = EXPECTED.uncertain + EXPECTED.stuck
     want["uncertain"].update(numerator=uncertain)
     want["resolved_by_reconciliation"].update(denominator=uncertain, passed=False)
+    want["undecodable_records"].update(denominator=EXPECTED.records + EXPECTED.stuck)  # + their timeouts
     assert checks_of(report) == want
     assert report["duplicate_keys"] == sorted(setup.inc.doubled)
     assert report["stuck_keys"] == sorted(setup.inc.stuck)
@@ -332,7 +339,7 @@ def test_unreachable_broker_is_one_line(setup: Setup, tmp_path: Path) -> None:
         "trace": ["trace", key],
         "escalations": ["escalations"],
         "resolve": ["resolve", key, "--absent", "--by", "a", "--reason", "r"],
-        "tail": ["tail", "--count", "1"],
+        "tail": ["tail", "--count", "1", "--give-up-after", "5"],
         "sink": ["sink", "--to", f"sqlite:///{tmp_path / 'x.db'}", "--once"],
     }
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))

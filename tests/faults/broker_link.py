@@ -1,0 +1,142 @@
+"""A link to the real broker that a test can cut: the broker "dies" for one child process only.
+
+The child runs in a network namespace of its own (``unshare -n``), where 127.0.0.1 is private: there,
+the broker's advertised address is a forwarder into a Unix socket (Unix sockets are files: they cross
+network namespaces), and the test process forwards that socket to the real broker. Every byte the
+child exchanges with Kafka is real. ``cut()`` closes every connection and refuses new ones: to the
+child, the broker is gone; the shared broker and everyone else see nothing.
+
+Needs ``unshare -n`` (root) or ``unshare -rn`` (unprivileged user namespaces); ``available()`` says.
+
+The child side is this module's ``__main__``: ``python -m tests.faults.broker_link --unix PATH --port
+PORT -- COMMAND...`` brings the namespace's loopback up, forwards 127.0.0.1:PORT to PATH and runs
+COMMAND (stdio inherited, the same process group), exiting with its status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+class Forwarder:
+    """Accepts on ``listener``; each connection is piped to a fresh ``connect()``."""
+
+    def __init__(self, listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
+        self._listener = listener
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._open: list[socket.socket] = []
+        self._cut = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = self._connect()
+            except OSError:
+                client.close()  # the other side is gone: a refused connection, as from a dead broker
+                continue
+            with self._lock:
+                if self._cut:
+                    client.close()
+                    upstream.close()
+                    return
+                self._open += [client, upstream]
+            threading.Thread(target=_pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._cut = True
+            self._listener.close()
+            for s in self._open:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+
+def unshare_command() -> list[str]:
+    return ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+
+
+def available() -> bool:
+    try:
+        return subprocess.run([*unshare_command(), "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def link_to(broker: tuple[str, int], unix_path: str) -> Forwarder:
+    """The test's side: ``unix_path`` -> the real broker."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(unix_path)
+    listener.listen(64)
+    return Forwarder(listener, lambda: socket.create_connection(broker, timeout=10))
+
+
+def _loopback_up() -> None:
+    """``ip link set lo up``, without needing iproute2: a new network namespace starts with it down."""
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        got = fcntl.ioctl(s, siocgifflags, struct.pack("16sH14x", b"lo", 0))
+        flags = struct.unpack("16sH", got[:18])[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sH14x", b"lo", flags | iff_up))
+
+
+def main() -> int:
+    """The child's side, inside its own network namespace."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--unix", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    _loopback_up()
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", a.port))
+    listener.listen(64)
+
+    def connect() -> socket.socket:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(a.unix)
+        except OSError:
+            s.close()
+            raise
+        return s
+
+    Forwarder(listener, connect)
+    return subprocess.run(command).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
