@@ -86,7 +86,7 @@ def main(verbose: bool, broker_timeout: float | None) -> None:
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
     """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
     if kafka:
-        require("processor", "effects demo --kafka")  # it starts a processor: say so before anything runs
+        require("processor", "demo --kafka")  # it starts a processor: say so before anything runs
         from effect_ledger.processors.demo.story_kafka import run_kafka_demo
 
         sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10)))

@@ -129,7 +129,8 @@ class EffectsGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ImportError as e:
-            command = " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))
+            # "reconcile", "topics create": the boundary's "effects: " names the program already
+            command = " ".join([*ctx.command_path.split()[1:], *filter(None, [ctx.invoked_subcommand])])
             why = explain(e, command)
             if why is None:
                 raise

@@ -68,4 +68,4 @@ def check_missing_kafka_extra(report: dict[str, Any]) -> None:
 
 def missing_extra_line(command: str, extra: str) -> str:
     """What a Kafka command prints (the whole of stderr) when its extra is not installed."""
-    return f"effects {command} needs the {extra} extra: pip install 'effect-ledger-kafka[{extra}]'\n"
+    return f"effects: {command} needs the {extra} extra: pip install 'effect-ledger-kafka[{extra}]'\n"

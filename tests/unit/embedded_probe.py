@@ -84,7 +84,7 @@ commands = {
     "run": ["run", "--db", db, "--targets", str(declaration), "--once"],
 }
 report["cli"] = {
-    name: {"exit": r.exit_code, "output": r.output[-2000:], "error": repr(r.exception) if r.exit_code > 3 else None}
+    name: {"exit": r.exit_code, "output": r.output[-20000:], "error": repr(r.exception) if r.exit_code > 3 else None}
     for name, args in commands.items()
     for r in [CliRunner().invoke(main, args)]
 }
