@@ -39,10 +39,12 @@ from effect_ledger.streams.model import (
     UncertainEffect,
 )
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.reconcile import Target
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, Record, TopicReader, run_agent, running
 
 WAIT = 60.0
+TARGETS = [Target("payments")]
 
 
 def now_ms() -> int:
@@ -113,7 +115,8 @@ def test_fold_publishes_state_and_uncertain_and_serves_lookups(kafka_config: Kaf
         proc.wait_ready()
 
         async def write() -> tuple[dict[str, EffectState], dict[str, set[str]], list[str], str, str]:
-            async with await Ledger.open(str(tmp_path / "agent.db"), kafka=kafka_config, sync=True) as ledger:
+            db = str(tmp_path / "agent.db")
+            async with await Ledger.open(db, kafka=kafka_config, sync=True, targets=TARGETS) as ledger:
                 confirmed = []
                 for i in range(5):
                     c = await ledger.execute(
@@ -429,7 +432,8 @@ def test_lookup_right_after_a_synced_execute_sees_what_kafka_acknowledged(
 
         async def go() -> list[tuple[str, int, dict[str, Any], set[str]]]:
             seen = []
-            async with await Ledger.open(str(tmp_path / "agent.db"), kafka=kafka_config, sync=True) as ledger:
+            db = str(tmp_path / "agent.db")
+            async with await Ledger.open(db, kafka=kafka_config, sync=True, targets=TARGETS) as ledger:
                 for i in range(8):
                     c = await ledger.execute(
                         target="payments", operation="refund.create", run_id="ryw", step=f"s-{i}",

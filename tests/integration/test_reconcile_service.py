@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from effect_ledger.processors.demo.agent import write_declaration
 from effect_ledger.processors.demo.gateway import Gateway
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.errors import EffectUncertain
 from effect_ledger.streams.ledger import Ledger
 from effect_ledger.streams.model import Intent, Resolution, State, UncertainEffect, Verdict
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.reconcile import Target
 from tests.services import Processor, Reconcilers, wait_for
 from tests.topic_io import Record, TopicReader, run_agent, running
 
@@ -150,7 +152,9 @@ def test_reconcile_service_resolves_found_absent_and_escalates(kafka_config: Kaf
         TopicReader(cfg, cfg.topics.uncertain) as uncertain,
     ):
         proc = Processor(cfg, tmp_path / "data")
-        service = Reconcilers(cfg, tmp_path, ["--reconciler", f"payments={proxy.url}/refunds/by-key/{{key}}"])
+        declared = write_declaration(tmp_path / "targets.toml", proxy.url, "key+lookup")
+        declared.write_text(declared.read_text() + '\n[targets.mailer]\nlookup = "none"\n')
+        service = Reconcilers(cfg, tmp_path, ["--targets", str(declared)])
         with running(proc, service):
             proc.wait_ready()
 
@@ -162,7 +166,9 @@ def test_reconcile_service_resolves_found_absent_and_escalates(kafka_config: Kaf
 
             # A target with no reconciler that does not honour keys: the call's outcome is unknown.
             async def mail() -> str:
-                async with await Ledger.open(str(tmp_path / "mailer.db"), kafka=cfg, sync=True) as ledger:
+                async with await Ledger.open(
+                    str(tmp_path / "mailer.db"), kafka=cfg, sync=True, targets=[Target("mailer")]
+                ) as ledger:
                     with pytest.raises(EffectUncertain):
                         await ledger.execute(
                             target="mailer", operation="mail.send", key="mailer:receipt-mail-1",
