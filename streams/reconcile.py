@@ -11,10 +11,18 @@ keep retries safe:
   so the effect is escalated to a person instead.
 * ``Unknown`` is retried with backoff, then escalated. A target with no way to ask is escalated
   at once: nobody can tell.
+
+What a resolution carries is bounded, so that it can always be written (a destination that answers
+with a 1.5 MB body must not make the resolution unproducible, and the reconcilers crash-loop): the
+receipt value to ``MAX_RECEIPT_VALUE_BYTES`` of JSON (past it, a JSON object flagged
+``"effect_ledger.truncated": true`` with the original size, its SHA-256 and the head of the text),
+the receipt id to ``MAX_RECEIPT_ID_CHARS`` (past it, ``sha256:`` and the digest: still the same id
+for the same answer) and the reason to ``MAX_REASON_CHARS``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 from collections.abc import Awaitable, Callable
@@ -168,6 +176,48 @@ def previous_tries(effect: Effect) -> int:
     return max((r.tries for r in effect.resolutions if r.attempt == effect.attempt), default=0)
 
 
+#: Bytes of JSON a resolution keeps of the receipt value a reconciler found.
+MAX_RECEIPT_VALUE_BYTES = 64 * 1024
+#: Characters of a found receipt id; a longer one is replaced by its digest.
+MAX_RECEIPT_ID_CHARS = 512
+#: Characters of a resolution's reason.
+MAX_REASON_CHARS = 2000
+#: The flag of a receipt value that was cut (a key no destination's JSON uses by accident).
+TRUNCATED = "effect_ledger.truncated"
+_HEAD_CHARS = 4096
+
+
+def bounded_receipt_value(value: Any) -> tuple[str, bool]:
+    """``value`` as JSON text of at most ``MAX_RECEIPT_VALUE_BYTES``, and whether it was cut. A
+    value JSON cannot hold (a cycle) is kept as its ``repr``, flagged the same way."""
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError, RecursionError) as e:
+        return json.dumps({TRUNCATED: True, "unserializable": f"{type(e).__name__}: {e}", "repr": _repr(value)}), True
+    size = len(text.encode())
+    if size <= MAX_RECEIPT_VALUE_BYTES:
+        return text, False
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return json.dumps({TRUNCATED: True, "bytes": size, "sha256": digest, "head": text[:_HEAD_CHARS]}), True
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)[:_HEAD_CHARS]
+    except Exception as e:  # a value whose __repr__ fails is still a value that was found
+        return f"<{type(value).__name__}: repr failed with {type(e).__name__}>"
+
+
+def bounded_receipt_id(receipt_id: str) -> str:
+    if len(receipt_id) <= MAX_RECEIPT_ID_CHARS:
+        return receipt_id
+    return "sha256:" + hashlib.sha256(receipt_id.encode(errors="surrogatepass")).hexdigest()
+
+
+def _bounded_reason(reason: str) -> str:
+    return reason if len(reason) <= MAX_REASON_CHARS else reason[: MAX_REASON_CHARS - 1] + "…"
+
+
 def judge(
     effect: Effect | EffectView, target: Target, answer: Answer | None, reconciler: str, now_ms: int
 ) -> Resolution:
@@ -179,12 +229,20 @@ def judge(
     eid = f"resolution:{attempt}:{tries}:{effect.effect_id}"
 
     def res(verdict: Verdict, reason: str, receipt_id: str | None = None, value: str | None = None) -> Resolution:
-        return Resolution(eid, effect.effect_id, now_ms, attempt, verdict, reconciler, reason, receipt_id, value, tries)
+        why = _bounded_reason(reason)
+        return Resolution(eid, effect.effect_id, now_ms, attempt, verdict, reconciler, why, receipt_id, value, tries)
 
     if answer is None:
         return res(Verdict.ESCALATE, f"no reconciler for target {target.name!r} and it does not honour keys")
     if isinstance(answer, Found):
-        return res(Verdict.FOUND, "found at the destination", answer.receipt_id, json.dumps(answer.value, default=str))
+        value, cut = bounded_receipt_value(answer.value)
+        receipt_id = bounded_receipt_id(str(answer.receipt_id))
+        notes = []
+        if cut:
+            notes.append(f"receipt value over {MAX_RECEIPT_VALUE_BYTES:,} bytes or not JSON: a flagged stand-in")
+        if receipt_id != answer.receipt_id:
+            notes.append("receipt id replaced by its digest (too long)")
+        return res(Verdict.FOUND, "; ".join(["found at the destination", *notes]), receipt_id, value)
     if isinstance(answer, Absent):
         if effect.executed:
             return res(
