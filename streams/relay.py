@@ -1,4 +1,5 @@
-"""The relay: pushes the SQLite outbox to ``effects.events``.
+"""The relay: pushes the SQLite outbox to ``effects.events`` (a person's decision, recorded with
+``Ledger.decide``, to ``effects.decisions``: only principals its ACLs allow may write there).
 
 Order of durable writes, per batch:
 
@@ -62,6 +63,7 @@ class Relay:
         self.store = store
         self.cfg = cfg
         self.topic = cfg.topics.events
+        self.decisions_topic = cfg.topics.decisions
         self.batch = batch
         self.stats = RelayStats()
         self._producer = Producer(producer_config(cfg, **producer))
@@ -174,12 +176,13 @@ class Relay:
                 first_error = str(err)
 
         p = self._producer
-        topic = self.topic
+        events, decisions = self.topic, self.decisions_topic
         headers = self._headers
         for _seq, effect_id, kind, body in rows:
             header = headers.get(kind)
             if header is None:
                 header = headers[kind] = [(HEADER, f"effect_ledger.{kind}".encode())]
+            topic = decisions if kind == "Decision" else events
             while True:
                 try:
                     p.produce(topic, body, effect_id, headers=header, on_delivery=report)
