@@ -21,6 +21,7 @@ from effect_ledger.processors.cli_boundary import POSITIVE_SECONDS, LedgerPath, 
 from effect_ledger.processors.ops.sources import SourceError
 from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import LedgerError
 from effect_ledger.streams.timeparse import TimeSpecError, duration_ms, iso, time_ms
 
 out = Console(highlight=False)
@@ -40,7 +41,7 @@ def user_errors() -> Iterator[None]:
     """Errors a user can fix become one line on stderr and exit 1, never a traceback."""
     try:
         yield
-    except (SourceError, TimeSpecError, BrokerUnavailable, ValueError) as e:
+    except (SourceError, TimeSpecError, BrokerUnavailable, LedgerError, ValueError) as e:
         fail(str(e))
     except Exception as e:
         if not _is_kafka_exception(e):
@@ -386,7 +387,12 @@ def escalations(db: str | None, bootstrap: str | None, prefix: str | None, as_js
 @click.argument("key")
 @source_options
 @click.option("--confirmed", "verdict", flag_value="CONFIRMED", help="it happened (give --receipt)")
-@click.option("--absent", "verdict", flag_value="ABSENT", help="it never happened: the agent may execute it")
+@click.option(
+    "--absent",
+    "verdict",
+    flag_value="ABSENT",
+    help="it never happened: the agent may execute it (refused while the attempt may still land)",
+)
 @click.option("--abandon", "verdict", flag_value="ABANDONED", help="close it; the agent will refuse it")
 @click.option("--compensated", "verdict", flag_value="COMPENSATED", help="it was undone by a compensating effect")
 @click.option("--receipt", default=None, help="the destination's id for the effect (with --confirmed)")
@@ -402,7 +408,10 @@ def resolve(
     by: str,
     reason: str,
 ) -> None:
-    """Record a person's decision on an effect; the SDK honours it on its next attempt."""
+    """Record a person's decision on an effect; the SDK honours it on its next attempt. In Kafka mode
+    it is written to effects.decisions (restrict who may write it with Kafka ACLs) with your
+    identity (the SASL user, else the OS user) beside --by. --absent is refused while the attempt
+    may still land at the destination (PENDING/EXECUTED, or before its deadline + 2 s)."""
     import asyncio
 
     from effect_ledger.streams.model import DecisionKind
@@ -431,8 +440,12 @@ def resolve(
         else:
             from effect_ledger.processors.ops.views import decide
 
-            d = decide(key, kind, by, reason, receipt, cfg=kafka_of(bootstrap, prefix))
-            click.echo(f"{key}: decision {kind.value} (attempt {d.attempt}) written to effects.events by {by}")
+            cfg = kafka_of(bootstrap, prefix)
+            d = decide(key, kind, by, reason, receipt, cfg=cfg)
+            click.echo(
+                f"{key}: decision {kind.value} (attempt {d.attempt}) written to {cfg.topics.decisions} "
+                f"by {by} ({d.principal})"
+            )
 
 
 @click.command()

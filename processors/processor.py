@@ -1,12 +1,16 @@
-"""The ledger processor: folds ``effects.events`` into a table of effects (faust-streaming).
+"""The ledger processor: folds ``effects.events`` and ``effects.decisions`` (people's decisions, on a
+topic of their own so that Kafka ACLs can keep it to operators; co-partitioned with the events)
+into a table of effects (faust-streaming).
 
 Per event, in this order (at-least-once: faust commits source offsets periodically, so after a
 crash the events since the last commit are delivered again; the fold ignores what it has seen, and
 a replayed event re-sends its table record and state, in case the crash came before they were
 delivered):
 
-1. decode; a record that cannot be decoded, or whose key is not its effect_id, goes to
-   ``effects.dlq`` with the reason, and processing continues;
+1. decode; a record that cannot be decoded, that does not belong on its topic (anything but an
+   Intent, Executed, Receipt, Resolution or Timeout on ``effects.events``; anything but a Decision
+   on ``effects.decisions``), or whose key is not its effect_id, goes to ``effects.dlq`` with the
+   reason (a bounded copy), and processing continues;
 2. fold it into the effect (``effect_ledger.streams.effect.apply``) and write the table (RocksDB, changelog
    topic co-partitioned with ``effects.events``);
 3. publish the new state to ``effects.state`` (compacted) and, when the effect has just become
@@ -19,9 +23,10 @@ effects whose reconciler answered "unknown" are re-published to ``effects.uncert
 backoff has passed, so a restarted reconciler loses no work.
 
 Lookup: ``GET /effects/{key}`` is routed to the worker that owns the key's partition and answers
-only once the table has consumed that partition up to the high watermark seen when the request
-arrived (read-your-writes); after ``lookup_bound_s`` it answers 503 "lagging". Every answer names
-the ``effect_id`` it is about. The view listens on ``web_host`` only; bound beyond loopback it
+only once the table has consumed that partition (of both source topics) up to the high watermarks
+seen when the request arrived (read-your-writes); after ``lookup_bound_s`` it answers 503
+"lagging". It hands out only events (an SDK copies them into its own ledger), and every answer
+names the ``effect_id`` it is about. The view listens on ``web_host`` only; bound beyond loopback it
 needs a token (``web_token``), and with a token every lookup must carry it
 (``Authorization: Bearer``), else 401. faust's own pages (``/router``, ``/table``, statistics) are
 not served: they show the table's keys and the cluster's layout to whoever asks.
@@ -47,11 +52,12 @@ from faust.web import Request, Response, View
 
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
 from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncertain_event
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import TOKEN_ENV
-from effect_ledger.streams.model import DeadLetter, State
+from effect_ledger.streams.model import State, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Backoff
 
@@ -92,8 +98,23 @@ def encoded_events(value: bytes) -> list[bytes]:
 def unpack(value: bytes, decode: Any) -> Effect | None:
     effect: Effect | None = None
     for body in encoded_events(value):
-        effect, _ = apply(effect, decode(body))
+        ev = decode(body)
+        if is_event(ev):  # a table written before non-events were refused may hold one
+            effect, _ = apply(effect, ev)
     return effect
+
+
+def event_bodies(value: bytes, decode: Any) -> list[bytes]:
+    """The bodies of a table value that are events: what a lookup may hand to an SDK, which copies
+    them into its own ledger."""
+    out = []
+    for body in encoded_events(value):
+        try:
+            if is_event(decode(body)):
+                out.append(body)
+        except codec_mod.DecodeError:
+            out.append(body)  # not ours to judge here: the SDK refuses an answer it cannot decode
+    return out
 
 
 def due_of(effect: Effect, backoff: Backoff, first_check_ms: int) -> int | None:
@@ -192,6 +213,10 @@ class LedgerProcessor:
             "value_serializer": "raw",
         }
         self.events = self.app.topic(topics.events, partitions=k.partitions, **raw)
+        self.decisions = self.app.topic(topics.decisions, partitions=k.partitions, **raw)
+        # The fold's source: both topics in one agent, so faust assigns their partitions together
+        # (co-partitioned: same count, same keys) and one table holds every fact of a key.
+        self.sources = self.app.topic(topics.events, topics.decisions, partitions=k.partitions, **raw)
         self.state_topic = self.app.topic(topics.state, partitions=k.partitions, **raw)
         self.uncertain = self.app.topic(topics.uncertain, partitions=k.partitions, **raw)
         self.dlq = self.app.topic(topics.dlq, partitions=k.partitions, **raw)
@@ -217,7 +242,8 @@ class LedgerProcessor:
         )
         # key -> (partition, due_ms, last_sent_ms): this worker's effects that need the timer.
         self.index: dict[str, tuple[int, int, int]] = {}
-        self.processed: dict[int, int] = {}  # partition -> last offset folded
+        self.processed: dict[int, int] = {}  # partition -> last offset of effects.events folded
+        self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
         # partition -> (tick times, high watermarks then): where each partition stood at each tick
         self._hw_samples: dict[int, tuple[list[int], list[int]]] = {}
         self._indexed_assignment: frozenset[int] | None = None
@@ -229,7 +255,7 @@ class LedgerProcessor:
     def _register(self) -> None:
         app = self.app
 
-        @app.agent(self.events, name="fold")
+        @app.agent(self.sources, name="fold")
         async def fold(stream: Any) -> None:
             async for event in stream.events():
                 await self.handle(event)
@@ -291,15 +317,27 @@ class LedgerProcessor:
 
     async def handle(self, event: Any) -> None:
         msg = event.message
-        self.processed[msg.partition] = msg.offset
+        from_decisions = msg.topic == self.decisions.get_topic_name()
+        (self.processed_decisions if from_decisions else self.processed)[msg.partition] = msg.offset
         try:
             ev = self.codec.decode(event.value)
         except codec_mod.DecodeError as e:
             await self.dead_letter(msg, str(e))
             return
+        why = misplaced(ev, decisions_topic=from_decisions)
+        if why is not None:
+            # Folded, a state record or a reconcilers' work item would be taken for a fact about
+            # the key and poison every later event of it; a DeadLetter has no key at all.
+            await self.dead_letter(msg, why)
+            return
         key = ev.effect_id
         if msg.key is not None and msg.key != key.encode():
             await self.dead_letter(msg, f"record key {msg.key!r} is not its effect_id {key!r}")
+            return
+        if from_decisions and msg.partition != partition_for(key.encode(), self.s.kafka.partitions):
+            # The table keeps a key in its events partition: a decision elsewhere would be folded
+            # into a copy of the effect that no lookup and no timer ever reads.
+            await self.dead_letter(msg, f"decision for {key!r} on partition {msg.partition}, not the key's")
             return
         try:
             previous = self.table.get(key)
@@ -356,8 +394,8 @@ class LedgerProcessor:
         return unpack(value, self.codec.decode)
 
     async def dead_letter(self, msg: Any, reason: str) -> None:
-        log.warning("dead letter %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason)
-        dl = DeadLetter(
+        log.warning("dead letter %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason[:500])
+        dl, dlq_key = bounded_dead_letter(
             int(time.time() * 1000),
             self.s.full_app_id,
             msg.topic,
@@ -368,7 +406,7 @@ class LedgerProcessor:
             msg.value,
         )
         await self.dlq.send(
-            key=msg.key, value=self.codec.encode(dl), headers=[self.codec.header(dl)], partition=msg.partition
+            key=dlq_key, value=self.codec.encode(dl), headers=[self.codec.header(dl)], partition=msg.partition
         )
 
     # -- deadlines -------------------------------------------------------------------------
@@ -461,14 +499,18 @@ class LedgerProcessor:
         # offsets it sought to after the rebalance in Consumer._committed_offset.)
         for p in assigned:
             self.processed[p] = self.folded_through(p)
+            self.processed_decisions[p] = self.folded_through(p, self.decisions.get_topic_name())
         log.info("deadline index rebuilt: %d open effects on partitions %s", len(index), sorted(assigned))
 
-    def folded_through(self, partition: int) -> int:
-        """The last offset of ``effects.events[partition]`` known to be in the table: what this
-        worker folded, or what the group committed (faust commits only after processing; it
-        keeps the offsets in Consumer._committed_offset after seeking there on assignment)."""
-        done = self.processed.get(partition, -1)
-        committed = getattr(self.app.consumer, "_committed_offset", {}).get(TP(self.events.get_topic_name(), partition))
+    def folded_through(self, partition: int, topic: str | None = None) -> int:
+        """The last offset of ``effects.events[partition]`` (or of ``topic``: effects.decisions)
+        known to be in the table: what this worker folded, or what the group committed (faust
+        commits only after processing; it keeps the offsets in Consumer._committed_offset after
+        seeking there on assignment)."""
+        events = self.events.get_topic_name()
+        topic = topic or events
+        done = (self.processed if topic == events else self.processed_decisions).get(partition, -1)
+        committed = getattr(self.app.consumer, "_committed_offset", {}).get(TP(topic, partition))
         return max(done, int(committed) - 1) if committed else done
 
     # -- lookup ----------------------------------------------------------------------------
@@ -501,10 +543,12 @@ class LedgerProcessor:
     async def lookup(self, view: View, key: str) -> Response:
         p = partition_for(key.encode(), self.s.kafka.partitions)
         tp = TP(self.events.get_topic_name(), p)
-        hw = (await self.app.consumer.highwaters(tp)).get(tp, 0)
+        dtp = TP(self.decisions.get_topic_name(), p)  # a decision acknowledged before the request counts too
+        hws = await self.app.consumer.highwaters(tp, dtp)
+        hw, dhw = int(hws.get(tp) or 0), int(hws.get(dtp) or 0)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.s.lookup_bound_s
-        while self.folded_through(p) < hw - 1:
+        while self.folded_through(p) < hw - 1 or self.folded_through(p, dtp.topic) < dhw - 1:
             if loop.time() >= give_up:
                 return view.json(
                     {
@@ -531,7 +575,7 @@ class LedgerProcessor:
                 "attempt": st.attempt,
                 "version": st.version,
                 "receipt_id": st.receipt_id,
-                "events": [base64.b64encode(b).decode() for b in encoded_events(value)],
+                "events": [base64.b64encode(b).decode() for b in event_bodies(value, self.codec.decode)],
             }
         )
 

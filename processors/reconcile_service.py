@@ -5,7 +5,8 @@ For each uncertain effect: ask the target's reconciler, judge the answer
 backoff by the processor, then ESCALATED), and write the resolution to ``effects.events``.
 
 Order of durable writes, per batch: produce every resolution, wait for their delivery reports,
-then commit the consumed offsets. A crash in between asks the destination again and writes the
+(for a record that cannot be written, a bounded dead letter in its place, and wait for those), then
+commit the consumed offsets. A crash in between asks the destination again and writes the
 same resolution again (its event id is deterministic): harmless. Instances share the partitions,
 so reconciliation scales with ``effects.uncertain``'s partition count.
 """
@@ -17,16 +18,27 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.codec import DecodeError, EncodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.dlq import dead_letter
 from effect_ledger.streams.model import DeadLetter, Resolution, UncertainEffect
 from effect_ledger.streams.reconcile import Answer, Target, Unknown, judge, only_the_agent_can_ask, view_of_uncertain
 from effect_ledger.streams.relay import producer_config
 
 log = logging.getLogger("effect_ledger.reconcilers")
+
+#: The largest record the service writes: librdkafka's default ``message.max.bytes``. Anything
+#: larger would be refused by the producer; it is dead-lettered instead, before it is produced.
+MAX_RECORD_BYTES = 1_000_000
+# Delivery errors that belong to one record, not to the broker: producing it again cannot help.
+_RECORD_ERRORS = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG}
+)
+_Out = tuple[str, bytes | None, Resolution | DeadLetter]  # (topic, key, record)
 
 
 @dataclass
@@ -52,6 +64,7 @@ class ReconcileService:
         self.codec = default_codec()
         self.stats = ServiceStats()
         self.batch = batch
+        self.max_record_bytes = MAX_RECORD_BYTES
         self._sem = asyncio.Semaphore(concurrency)
         self._consumer = Consumer(
             cfg.confluent(
@@ -76,33 +89,30 @@ class ReconcileService:
 
     async def run_once(self, timeout: float = 0.5) -> int:
         """Consume one batch, reconcile it, write the resolutions, commit. Returns how many
-        records were handled."""
+        records were handled.
+
+        One bad record never stops the batch: a record that cannot be decoded or reconciled, or
+        whose resolution Kafka refuses for the record itself (too large, invalid), is replaced by a
+        bounded dead letter, and the offsets move past it. Only errors of the broker (unreachable,
+        timed out) leave the batch uncommitted, to be consumed again."""
         msgs: list[Message] = await asyncio.to_thread(self._consumer.consume, self.batch, timeout)
         msgs = [m for m in msgs if not _partition_eof(m)]
         if not msgs:
             return 0
         results = await asyncio.gather(*(self._one(m) for m in msgs))
-        failures: list[str] = []
-
-        def report(err: KafkaError | None, _msg: object) -> None:
-            if err is not None:
-                failures.append(str(err))
-
-        for m, out in zip(msgs, results, strict=True):
-            if out is None:
-                continue
-            topic, record = out
-            self._producer.produce(
-                topic,
-                key=m.key(),
-                value=self.codec.encode(record),
-                headers=[self.codec.header(record)],
-                on_delivery=report,
-            )
-        remaining = await asyncio.to_thread(self._producer.flush, 30.0)
-        if remaining or failures:
-            # Not committing: the batch is consumed again and asked again after a restart.
-            raise RuntimeError(f"resolutions not acknowledged ({remaining} pending, errors: {failures[:3]})")
+        items = [(m, out) for m, out in zip(msgs, results, strict=True) if out is not None]
+        refused = await asyncio.to_thread(self._produce, [out for _, out in items])
+        if refused:
+            # Second round: a dead letter (bounded, so it always fits) in place of each refused record.
+            letters = []
+            for i, why in refused:
+                m, (_, _, record) = items[i]
+                self.stats.dead_letters += 1
+                kind = type(record).__name__
+                log.warning("%s of %s[%s]@%s refused: %s", kind, m.topic(), m.partition(), m.offset(), why)
+                letters.append(self._dead_letter(m, f"cannot write the {kind} for this record: {why}"))
+            if await asyncio.to_thread(self._produce, letters):
+                raise RuntimeError("dead letters refused by Kafka: not committing")
         offsets: dict[tuple[str, int], int] = {}
         for m in msgs:
             k = (str(m.topic()), int(m.partition() or 0))
@@ -115,24 +125,81 @@ class ReconcileService:
         self.stats.consumed += len(msgs)
         return len(msgs)
 
-    async def _one(self, m: Message) -> tuple[str, Resolution | DeadLetter] | None:
+    def _produce(self, items: list[_Out]) -> list[tuple[int, str]]:
+        """Produce every item and wait for the delivery reports (in a worker thread). Returns the
+        items refused for what they are, with the reason; raises on any other error (nothing is
+        committed then)."""
+        refused: list[tuple[int, str]] = []
+        failures: list[str] = []
+
+        def reporter(i: int) -> Any:
+            def report(err: KafkaError | None, _msg: object) -> None:
+                if err is None:
+                    return
+                if err.code() in _RECORD_ERRORS:
+                    refused.append((i, f"Kafka refused it: {err.str()}"))
+                else:
+                    failures.append(str(err))
+
+            return report
+
+        for i, (topic, key, record) in enumerate(items):
+            try:
+                value = self.codec.encode(record)
+            except EncodeError as e:
+                refused.append((i, str(e)))
+                continue
+            size = len(value) + len(key or b"")
+            if size > self.max_record_bytes:
+                refused.append((i, f"{size:,} bytes, more than the {self.max_record_bytes:,} a record may have"))
+                continue
+            while True:
+                try:
+                    self._producer.produce(
+                        topic, key=key, value=value, headers=[self.codec.header(record)], on_delivery=reporter(i)
+                    )
+                    break
+                except BufferError:
+                    self._producer.poll(0.05)
+                except KafkaException as e:
+                    if e.args[0].code() not in _RECORD_ERRORS:
+                        raise
+                    refused.append((i, f"Kafka refused it: {e.args[0].str()}"))
+                    break
+        remaining = self._producer.flush(30.0)
+        if remaining or failures:
+            # Not committing: the batch is consumed again and asked again after a restart.
+            raise RuntimeError(f"records not acknowledged ({remaining} pending, errors: {failures[:3]})")
+        return refused
+
+    def _dead_letter(self, m: Message, reason: str) -> _Out:
+        where = (str(m.topic()), int(m.partition() or 0), int(m.offset() or 0))
+        dl, key = dead_letter(_now(), "reconcilers", *where, reason, m.key(), m.value())
+        return self.cfg.topics.dlq, key, dl
+
+    async def _one(self, m: Message) -> _Out | None:
+        """The record to write for one uncertain effect: its resolution, or a dead letter when the
+        record is not one (or reconciling it failed for a reason asking again cannot fix)."""
         try:
             u = self.codec.decode(m.value())
-            if not isinstance(u, UncertainEffect):
-                raise DecodeError(f"{type(u).__name__} on the uncertain topic")
         except DecodeError as e:
             self.stats.dead_letters += 1
-            dl = DeadLetter(
-                _now(),
-                "reconcilers",
-                str(m.topic()),
-                int(m.partition() or 0),
-                int(m.offset() or 0),
-                str(e),
-                m.key(),
-                m.value(),
-            )
-            return self.cfg.topics.dlq, dl
+            return self._dead_letter(m, str(e))
+        if not isinstance(u, UncertainEffect):
+            self.stats.dead_letters += 1
+            why = f"{type(u).__name__} on the uncertain topic: only UncertainEffect belongs there"
+            return self._dead_letter(m, why)
+        try:
+            resolution = await self._resolve(u)
+        except Exception as e:  # a bug or a poisoned record: never a reason to stop the partition
+            log.exception("cannot reconcile %s[%s]@%s", m.topic(), m.partition(), m.offset())
+            self.stats.dead_letters += 1
+            return self._dead_letter(m, f"cannot reconcile: {type(e).__name__}: {e}")
+        if resolution is None:
+            return None
+        return self.cfg.topics.events, u.effect_id.encode(), resolution
+
+    async def _resolve(self, u: UncertainEffect) -> Resolution | None:
         declared = self.targets.get(u.target)
         target = declared or Target(u.target or "unknown")
         v = view_of_uncertain(u)
@@ -156,8 +223,8 @@ class ReconcileService:
             answer = None
         resolution = judge(v, target, answer, name, _now())
         self.stats.resolutions[resolution.verdict.value] = self.stats.resolutions.get(resolution.verdict.value, 0) + 1
-        log.info("%s attempt %d: %s (%s)", u.effect_id, u.attempt, resolution.verdict.value, resolution.reason)
-        return self.cfg.topics.events, resolution
+        log.info("%s attempt %d: %s (%s)", u.effect_id, u.attempt, resolution.verdict.value, resolution.reason[:500])
+        return resolution
 
 
 def _partition_eof(m: Message) -> bool:

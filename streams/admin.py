@@ -41,6 +41,10 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
         TopicSpec(t.state, cfg.partitions, cfg.replication, {"cleanup.policy": "compact"}),
         TopicSpec(t.uncertain, cfg.partitions, cfg.replication, {"retention.ms": str(7 * 24 * 3600 * 1000)}),
         TopicSpec(t.dlq, cfg.partitions, cfg.replication, keep),
+        # Decisions are facts of the event log too (kept forever), on a topic of their own so that
+        # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
+        # processor folds both into one table.
+        TopicSpec(t.decisions, cfg.partitions, cfg.replication, keep),
     ]
 
 

@@ -15,7 +15,9 @@ Each setting can come from the environment:
 
 from __future__ import annotations
 
+import getpass
 import os
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +27,7 @@ DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_PORT}"
 
 @dataclass(frozen=True)
 class Topics:
-    """The four topics of effect-ledger, under one prefix."""
+    """The topics of effect-ledger, under one prefix."""
 
     prefix: str = ""
 
@@ -45,8 +47,13 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.prefix}effects.dlq"
 
-    def all(self) -> tuple[str, str, str, str]:
-        return (self.events, self.state, self.uncertain, self.dlq)
+    @property
+    def decisions(self) -> str:
+        """People's decisions, apart from ``events`` so that Kafka ACLs can keep them to operators."""
+        return f"{self.prefix}effects.decisions"
+
+    def all(self) -> tuple[str, str, str, str, str]:
+        return (self.events, self.state, self.uncertain, self.dlq, self.decisions)
 
 
 @dataclass(frozen=True)
@@ -104,3 +111,16 @@ class KafkaConfig:
             conf["log_level"] = self.log_level
         conf.update(extra)
         return conf
+
+
+def operator_identity(cfg: KafkaConfig | None = None) -> str:
+    """Who is writing, as this process knows itself: the Kafka principal ``User:NAME`` when SASL is
+    configured (the name the broker authenticated, and the one its ACLs check), else
+    ``os:USER@HOST``. Recorded in every decision beside the name the person gives (``--by``)."""
+    if cfg is not None and (cfg.security_protocol or "").upper().startswith("SASL") and cfg.sasl_username:
+        return f"User:{cfg.sasl_username}"
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        user = f"uid{os.getuid()}"
+    return f"os:{user}@{socket.gethostname()}"

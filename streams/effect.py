@@ -19,6 +19,9 @@ How the state is derived (first rule that matches wins)::
       ABANDONED decision                                       -> ABANDONED
       executed FAILED (a definitive rejection)                 -> FAILED
       ABSENT decision or ABSENT resolution                     -> ABSENT
+        (an ABSENT decision counts only if it was made at or after the attempt's call
+        deadline: before it the call may still land, and "absent" would let a second
+        execution run; an earlier one is kept as a fact, flagged DECISION_IGNORED)
       ESCALATE resolution                                      -> ESCALATED
       executed OK, receipt deadline passed (RECEIPT timeout)   -> UNCERTAIN
       executed OK                                              -> EXECUTED
@@ -30,9 +33,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import NamedTuple
 
 from effect_ledger.streams.model import (
     INEXACT_PREFIX,
+    OPEN_STATES,
     Decision,
     DecisionKind,
     EffectState,
@@ -49,9 +55,14 @@ from effect_ledger.streams.model import (
     TimeoutPhase,
     UncertainEffect,
     Verdict,
+    is_event,
 )
 
 _KIND_ORDER = {Intent: 0, Executed: 1, Receipt: 2, Timeout: 3, Resolution: 4, Decision: 5}
+
+#: How long after an attempt's call deadline a person may first declare it ABSENT
+#: (``decision_refusal``): room for the clocks of the agent's and the operator's hosts to differ.
+DECISION_GRACE_MS = 2_000
 
 
 def _sort_key(e: Event) -> tuple[int, int, int, str]:
@@ -107,7 +118,10 @@ class Effect:
 def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainEffect, ...]]:
     """Fold one event into an effect. Returns the new effect and what the change emits: an
     ``UncertainEffect`` when the effect has just become uncertain. An event already known returns
-    the effect unchanged and emits nothing."""
+    the effect unchanged and emits nothing. Anything that is not an event (an ``EffectState``, an
+    ``UncertainEffect``, a ``DeadLetter``) raises ``TypeError``: it is never a fact."""
+    if not is_event(event):
+        raise TypeError(f"{type(event).__name__} is not an event and cannot be folded")
     if effect is not None:
         if event.effect_id != effect.effect_id:
             raise ValueError(f"event for {event.effect_id!r} applied to effect {effect.effect_id!r}")
@@ -187,6 +201,56 @@ def uncertain_event(effect: Effect) -> UncertainEffect:
     )
 
 
+def attempt_deadline_ms(effect: Effect, attempt: int) -> int | None:
+    """The call deadline of ``attempt``: the latest deadline among its intents (a lost claim's intent
+    may carry a later one). None when no intent of that attempt is known."""
+    return max((f.deadline_ms for f in effect.facts if isinstance(f, Intent) and f.attempt == attempt), default=None)
+
+
+class Refusal(NamedTuple):
+    """Why a decision is refused, and when asking again may succeed (None: not by waiting)."""
+
+    reason: str
+    retry_after_ms: int | None
+
+
+def decision_refusal(
+    effect: Effect, decision: DecisionKind, now_ms: int, grace_ms: int = DECISION_GRACE_MS
+) -> Refusal | None:
+    """Whether a person may record ``decision`` on ``effect`` at ``now_ms`` (None: they may).
+
+    ABSENT tells agents that the effect never happened, so the next ``execute`` runs it again. It is
+    refused while the current attempt may still be in flight: its state is PENDING or EXECUTED (the
+    ledger itself still waits for it), or its call deadline plus ``grace_ms`` has not passed (a call
+    cut off or lost may land at the destination until then), or no intent of the attempt is known
+    (nothing tells when it would stop). The fold applies the same rule to the decision's own time,
+    so a decision written past this check changes nothing either."""
+    if decision is not DecisionKind.ABSENT:
+        return None
+    deadline = attempt_deadline_ms(effect, effect.attempt)
+    if deadline is None:
+        return Refusal(f"no intent of attempt {effect.attempt} is known: nothing says when its call would stop", None)
+    until = deadline + grace_ms
+    wait = until - now_ms if now_ms < until else None
+    if effect.state in (State.PENDING, State.EXECUTED):
+        return Refusal(
+            f"attempt {effect.attempt} is {effect.state.value}: its call may still land; wait until its deadline "
+            "passes and the effect is UNCERTAIN, or ask the destination",
+            wait,
+        )
+    if wait is not None and (effect.state in OPEN_STATES or effect.state is State.ESCALATED):
+        return Refusal(
+            f"attempt {effect.attempt} may still land at the destination until its deadline "
+            f"{_utc(deadline)} (+ {grace_ms / 1000:g} s grace): ask again in {wait / 1000:.1f} s",
+            wait,
+        )
+    return None
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def to_state(effect: Effect) -> EffectState:
     """The record published on the intermediate-state stream."""
     i = effect.first_intent
@@ -228,6 +292,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
     attempt = facts[-1].attempt
     intents: list[Intent] = []
     evidence: list[Evidence] = []
+    absent_decisions: list[Decision] = []
     ok_execs = 0
     created = updated = facts[0].at_ms
     first_latest = len(facts)
@@ -248,6 +313,8 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
             ev = _evidence_of(f)
             if ev is not None:
                 evidence.append(ev)
+            elif isinstance(f, Decision) and f.decision is DecisionKind.ABSENT:
+                absent_decisions.append(f)
     latest = facts[first_latest:]
     intent = next((f for f in reversed(intents) if f.attempt == attempt), intents[-1] if intents else None)
     if len(evidence) > 1:
@@ -265,8 +332,19 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         flags.append(Flag.NO_INTENT)
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
+    deadlines: dict[int, int] = {}  # call deadline per attempt: only ABSENT decisions need it
+    for it in intents if absent_decisions else ():
+        deadlines[it.attempt] = max(it.deadline_ms, deadlines.get(it.attempt, it.deadline_ms))
+    early = [d for d in absent_decisions if _early_absent(d, deadlines)]
+    if early:
+        flags.append(Flag.DECISION_IGNORED)
 
-    state, reason, deadline = _state_of(facts, latest, intent, evidence)
+    state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines)
+    ignored = [d for d in early if d.attempt == attempt]
+    if ignored and state in (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED):
+        d = ignored[0]
+        note = f"ABSENT decision by {d.by} ignored: made while attempt {d.attempt} could still land"
+        reason = f"{reason}; {note}" if reason else note
     return Effect(
         effect_id=effect_id,
         facts=facts,
@@ -285,8 +363,21 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
     )
 
 
+def _early_absent(f: Decision, deadlines: dict[int, int]) -> bool:
+    """An ABSENT decision made before its attempt's call deadline, or on an attempt whose intent is
+    unknown: the call may still land, so it must not make the effect ABSENT."""
+    if f.decision is not DecisionKind.ABSENT:
+        return False
+    deadline = deadlines.get(f.attempt)
+    return deadline is None or f.at_ms < deadline
+
+
 def _state_of(
-    facts: tuple[Event, ...], latest: tuple[Event, ...], intent: Intent | None, evidence: list[Evidence]
+    facts: tuple[Event, ...],
+    latest: tuple[Event, ...],
+    intent: Intent | None,
+    evidence: list[Evidence],
+    deadlines: dict[int, int],
 ) -> tuple[State, str | None, int | None]:
     """(state, reason, deadline) per the table in the module docstring."""
     for f in facts:
@@ -307,7 +398,7 @@ def _state_of(
         if x.outcome is Outcome.FAILED:
             return State.FAILED, x.error, None
     for d in decisions:
-        if d.decision is DecisionKind.ABSENT:
+        if d.decision is DecisionKind.ABSENT and not _early_absent(d, deadlines):
             return State.ABSENT, f"absent per {d.by}: {d.reason}", None
     for r in resolutions:
         if r.verdict is Verdict.ABSENT:

@@ -122,6 +122,17 @@ class EffectClosed(LedgerError):
         return type(self), (self.effect_id, self.state, self.reason)
 
 
+class DecisionRefused(LedgerError, ValueError):
+    """A person's decision that could cause a second execution was refused: ABSENT while the
+    attempt may still land at the destination. Retry after ``retry_after_ms`` when known."""
+
+    def __init__(self, effect_id: str, reason: str, retry_after_ms: int | None = None) -> None:
+        super().__init__(f"decision on {effect_id} refused: {reason}")
+        self.effect_id = effect_id
+        self.reason = reason
+        self.retry_after_ms = retry_after_ms
+
+
 class DefiniteFailure(LedgerError):
     """Raise it (or a subclass) from a call to say the destination definitively rejected the request
     and nothing happened: the effect is recorded FAILED and a later call may execute again."""

@@ -34,6 +34,7 @@ import asyncio
 import functools
 import inspect
 import json
+import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -41,9 +42,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from effect_ledger.streams import crashpoints
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import Effect, expire
+from effect_ledger.streams.codec import DecodeError
+from effect_ledger.streams.config import KafkaConfig, operator_identity
+from effect_ledger.streams.effect import Effect, decision_refusal, expire
 from effect_ledger.streams.errors import (
+    DecisionRefused,
     EffectClosed,
     EffectConflict,
     EffectInProgress,
@@ -88,6 +91,7 @@ from effect_ledger.streams.model import (
     Resolution,
     State,
     Verdict,
+    is_event,
 )
 from effect_ledger.streams.reconcile import Absent, Answer, Found, Target, Unknown, judge, retention_passed, view
 from effect_ledger.streams.store import (
@@ -106,6 +110,8 @@ from effect_ledger.streams.targets import resolve as resolve_targets
 if TYPE_CHECKING:
     from effect_ledger.streams.lookup import ProcessorLookup
     from effect_ledger.streams.relay import Relay
+
+log = logging.getLogger("effect_ledger.sdk")
 
 Call = Callable[[str], Any]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
@@ -385,10 +391,9 @@ class Ledger:
     async def _merge_remote(self, key: str, loaded: Loaded) -> Loaded:
         """Import what the processor knows about the key (events other hosts wrote)."""
         assert self._lookup is not None
-        remote = await self._lookup.events(key)
-        if not remote:
+        decoded = self._remote_events(key, await self._lookup.events(key))
+        if not decoded:
             return loaded
-        decoded = [self._store.codec.decode(b) for b in remote]
         before = loaded.effect
         for _ in range(_CONFLICT_RETRIES):
             try:
@@ -402,6 +407,25 @@ class Ledger:
             # The attempt was made on another host: its intent names the worker, its deadline the lease.
             return Loaded(e, Claim(e.intent.worker, e.intent.deadline_ms))
         return merged
+
+    def _remote_events(self, key: str, remote: list[bytes]) -> list[Event]:
+        """The facts in a processor's answer. Only events of this key are ever copied into the
+        file: a record that is not an event (a state or work item a processor table picked up
+        before it refused them) is no fact and is left out; one that does not decode, or names
+        another key, makes the answer one the SDK cannot vouch for."""
+        out: list[Event] = []
+        for body in remote:
+            try:
+                record = self._store.codec.decode(body)
+            except DecodeError as e:
+                raise LedgerUnavailable(f"the ledger processor answered an undecodable record for {key}: {e}") from e
+            if not is_event(record):
+                log.warning("lookup of %s: left out a %s record, which is not an event", key, type(record).__name__)
+                continue
+            if record.effect_id != key:
+                raise LedgerUnavailable(f"the ledger processor answered an event of {record.effect_id!r} for {key!r}")
+            out.append(record)
+        return out
 
     def _check_claim(self, effect: Effect, claim: Claim) -> str | None:
         """Raise ``EffectInProgress`` while another live worker holds the key; otherwise return the
@@ -655,7 +679,11 @@ class Ledger:
         self, key: str, decision: DecisionKind | str, *, by: str, reason: str, receipt_id: str | None = None
     ) -> Effect:
         """Record a person's decision on an effect (usually an escalated one). ``by`` and ``reason``
-        are required, at most ``limits.MAX_TEXT_BYTES`` each; an unknown key is ``UnknownEffect``."""
+        are required, at most ``limits.MAX_TEXT_BYTES`` each; an unknown key is ``UnknownEffect``.
+        ``DecisionRefused`` for ABSENT while the attempt may still land at the destination (see
+        ``effect_ledger.streams.effect.decision_refusal``). The decision carries ``by`` and the
+        identity this process writes as (``operator_identity``); in Kafka mode the relay sends it
+        to ``effects.decisions``."""
         check_key(key)
         kind = _enum(DecisionKind, "decision", decision)
         if not isinstance(by, str) or not by or not isinstance(reason, str) or not reason:
@@ -664,10 +692,18 @@ class Ledger:
         check_text("reason", reason)
         if receipt_id is not None:
             check_text("receipt_id", receipt_id, MAX_RECEIPT_ID_BYTES)
-        before = (await self._store.load(key)).effect
+        loaded = await self._store.load(key)
+        if self._lookup is not None:
+            loaded = await self._merge_remote(key, loaded)  # decide on everything known, not this file only
+        before = loaded.effect
         if before is None:
             raise UnknownEffect(key, str(self._store.path))
-        ev = Decision(new_event_id(), key, self._clock(), before.attempt, kind, by, reason, receipt_id)
+        now = self._clock()
+        refused = decision_refusal(before, kind, now)
+        if refused is not None:
+            raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
+        principal = operator_identity(self._relay.cfg if self._relay is not None else None)
+        ev = Decision(new_event_id(), key, now, before.attempt, kind, by, reason, receipt_id, principal)
         return await self._record(before, [ev])
 
     async def get(self, key: str) -> Effect | None:

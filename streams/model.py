@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypeGuard
 
 
 class State(StrEnum):
@@ -80,6 +81,7 @@ class Flag(StrEnum):
     DUPLICATE_RECEIPT = "DUPLICATE_RECEIPT"  # two distinct receipt ids for one key
     CONFLICT = "CONFLICT"  # the same key with a different request digest
     NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
+    DECISION_IGNORED = "DECISION_IGNORED"  # an ABSENT decision made while the attempt could still land
     INEXACT_RECEIPT = "INEXACT_RECEIPT"  # a receipt value recorded as a representation (see limits.py)
 
 
@@ -156,6 +158,7 @@ class Decision:
     by: str
     reason: str
     receipt_id: str | None = None
+    principal: str = ""  # who wrote it: the Kafka principal (SASL) or the OS user, beside the stated ``by``
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,9 +171,35 @@ class Timeout:
     deadline_ms: int
 
 
-#: Everything that may be written to ``effects.events`` and folded.
+#: Everything the fold accepts as a fact about an effect.
 Event = Intent | Executed | Receipt | Resolution | Decision | Timeout
 EVENT_TYPES: tuple[type, ...] = (Intent, Executed, Receipt, Resolution, Decision, Timeout)
+
+
+def is_event(record: object) -> TypeGuard[Event]:
+    """True for the records the fold accepts as facts; False for a state, a work item, a dead letter."""
+    return isinstance(record, EVENT_TYPES)
+
+
+#: What each source topic of the fold may carry. People's decisions have a topic of their own
+#: (``effects.decisions``) so that Kafka ACLs can keep it to operators: a Decision on
+#: ``effects.events`` could have been written by any agent, and is not folded.
+EVENTS_TOPIC_TYPES: tuple[type, ...] = (Intent, Executed, Receipt, Resolution, Timeout)
+DECISIONS_TOPIC_TYPES: tuple[type, ...] = (Decision,)
+
+
+def misplaced(record: object, *, decisions_topic: bool) -> str | None:
+    """Why ``record`` must not be folded from the topic it was read from (None: it may).
+    ``decisions_topic``: it was read from ``effects.decisions`` rather than ``effects.events``."""
+    allowed = DECISIONS_TOPIC_TYPES if decisions_topic else EVENTS_TOPIC_TYPES
+    if isinstance(record, allowed):
+        return None
+    name = type(record).__name__
+    if decisions_topic:
+        return f"{name} on the decisions topic: only Decision records belong there"
+    if isinstance(record, Decision):
+        return "Decision on the events topic: decisions are read from the decisions topic only (Kafka ACLs guard it)"
+    return f"{name} is not an event: only Intent, Executed, Receipt, Resolution and Timeout belong on the events topic"
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,13 @@ keep retries safe:
   so the effect is escalated to a person instead.
 * ``Unknown`` is retried with backoff, then escalated. A target with no way to ask is escalated
   at once: nobody can tell.
+
+What a resolution carries is bounded, so that it can always be written (a destination that answers
+with a 1.5 MB body must not make the resolution unproducible, and the reconcilers crash-loop): the
+receipt value is recorded like a call's (``limits.receipt_text``: past ``MAX_RECEIPT_BYTES``, or not
+JSON, a stand-in under the reserved key ``effect_ledger.inexact`` with its size, SHA-256 and head),
+the receipt id to ``MAX_RECEIPT_ID_BYTES`` (past it, ``sha256:`` and the digest of the value) and
+the reason to ``MAX_TEXT_BYTES``.
 """
 
 from __future__ import annotations
@@ -198,11 +205,15 @@ def judge(
         return res(Verdict.ESCALATE, f"no reconciler for target {target.name!r} and it does not honour keys")
     if isinstance(answer, Found):
         # Recorded like a call's value: never lost for not being JSON or too large (flagged instead).
-        text, _ = receipt_text(answer.value)
+        text, inexact = receipt_text(answer.value)
         rid = answer.receipt_id
+        notes = ["found at the destination"]
+        if inexact is not None:
+            notes.append(f"receipt value recorded as a flagged stand-in ({inexact})")
         if not isinstance(rid, str) or not rid or len(rid.encode("utf-8", "replace")) > MAX_RECEIPT_ID_BYTES:
             rid = digest_id(text)
-        return res(Verdict.FOUND, "found at the destination", bounded_text(rid, MAX_RECEIPT_ID_BYTES), text)
+            notes.append("receipt id replaced by the digest of the value (missing or too long)")
+        return res(Verdict.FOUND, "; ".join(notes), bounded_text(rid, MAX_RECEIPT_ID_BYTES), text)
     if isinstance(answer, Absent):
         if effect.executed:
             return res(

@@ -1,4 +1,5 @@
-"""The relay: pushes the SQLite outbox to ``effects.events``.
+"""The relay: pushes the SQLite outbox to ``effects.events`` (a person's decision, recorded with
+``Ledger.decide``, to ``effects.decisions``: only principals its ACLs allow may write there).
 
 Order of durable writes, per batch:
 
@@ -107,6 +108,7 @@ class Relay:
         self.store = store
         self.cfg = cfg
         self.topic = cfg.topics.events
+        self.decisions_topic = cfg.topics.decisions
         self.batch = batch
         self.stats = RelayStats()
         self._producer_extra = producer
@@ -287,7 +289,7 @@ class Relay:
             return report
 
         p = self._producer
-        topic = self.topic
+        events, decisions = self.topic, self.decisions_topic
         headers = self._headers
         for seq, effect_id, kind, body in rows:
             if len(body) > MAX_EVENT_BYTES:
@@ -296,6 +298,7 @@ class Relay:
             header = headers.get(kind)
             if header is None:
                 header = headers[kind] = [(HEADER, f"effect_ledger.{kind}".encode())]
+            topic = decisions if kind == "Decision" else events
             while True:
                 try:
                     p.produce(topic, body, effect_id, headers=header, on_delivery=report_for(seq, len(body)))

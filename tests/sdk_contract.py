@@ -32,7 +32,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+from effect_ledger.streams.effect import DECISION_GRACE_MS
 from effect_ledger.streams.errors import (
+    DecisionRefused,
     DefiniteFailure,
     EffectClosed,
     EffectConflict,
@@ -829,23 +831,30 @@ class LedgerContract(abc.ABC):
 
     def test_escalated_is_uncertain_then_decide_absent_runs_again(self, tmp_path: Path) -> None:
         dest = Destination()
+        clock = FakeClock()
 
         async def body(ledger: Ledger) -> None:
             await self._escalated(ledger, dest)
             with pytest.raises(EffectUncertain) as ei:
                 await self.execute(ledger, dest)
             assert ei.value.state == "ESCALATED" and dest.calls == [KEY]
+            # The cut-off call may still land until its deadline: "absent" is refused until then.
+            with pytest.raises(DecisionRefused) as refused:
+                await ledger.decide(KEY, DecisionKind.ABSENT, by="oncall", reason="checked the gateway")
+            assert refused.value.retry_after_ms is not None and refused.value.retry_after_ms > 0
+            clock.advance(refused.value.retry_after_ms)
             effect = await ledger.decide(KEY, DecisionKind.ABSENT, by="oncall", reason="checked the gateway")
             assert effect.state is State.ABSENT
             c = await self.execute(ledger, dest)
             assert c.called and c.attempt == 2 and dest.calls == [KEY, KEY]
 
-        run(self.with_ledger(self.db(tmp_path), body))
+        run(self.with_ledger(self.db(tmp_path), body, clock=clock))
 
-    def test_decide_absent_while_a_dead_owners_lease_runs_lets_execute_run(self, tmp_path: Path) -> None:
+    def test_decide_absent_while_a_dead_owners_lease_runs_is_refused(self, tmp_path: Path) -> None:
         """A worker died mid-call; the target cannot be asked, so the effect is escalated at once; a
-        person checks and decides ABSENT. The next execute must run attempt 2: the dead worker's
-        claim must not block it until its lease (the old deadline) ends."""
+        person checks and wants to decide ABSENT. A request sent just before the death may still land
+        until the attempt's deadline, so ABSENT is refused until then (a second execution could
+        follow it); after the deadline it is accepted and the next execute runs attempt 2."""
         dest = Destination()
         clock = FakeClock()
 
@@ -853,8 +862,10 @@ class LedgerContract(abc.ABC):
             await write_pending(ledger, owner=dead_owner(), timeout_s=600)
             with pytest.raises(EffectUncertain):
                 await self.execute(ledger, dest)
+            with pytest.raises(DecisionRefused):
+                await ledger.decide(KEY, "ABSENT", by="oncall", reason="not in the gateway's books")
+            clock.advance(600_000 + DECISION_GRACE_MS)
             await ledger.decide(KEY, "ABSENT", by="oncall", reason="not in the gateway's books")
-            clock.advance(1_000)
             c = await self.execute(ledger, dest)
             assert c.called and c.attempt == 2 and dest.calls == [KEY]
 

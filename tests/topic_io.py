@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,17 +185,25 @@ def running(*services: S) -> Iterator[tuple[S, ...]]:
 
 
 def run_agent(
-    cfg: KafkaConfig, workdir: Path, gateway: str, crash: str, *, run_id: str, timeout: float
+    cfg: KafkaConfig,
+    workdir: Path,
+    gateway: str,
+    crash: str,
+    *,
+    run_id: str,
+    timeout: float,
+    extra: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """The demo agent in Kafka mode (intent acknowledged by Kafka before the call), killing itself with
-    SIGKILL at the crash point ``crash``. Its order id is its run id."""
+    SIGKILL at the crash point ``crash`` ("" for none). Its order id is its run id. ``extra``: more
+    agent options (``--kind``, ``--lookup``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, EFFECT_LEDGER_CRASH=crash)
     return subprocess.Popen(
         [
             sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,
             "--prefix", cfg.prefix, "--workdir", str(workdir), "--gateway", gateway, "--run-id", run_id,
-            "--order", run_id, "--timeout", str(timeout),
+            "--order", run_id, "--timeout", str(timeout), *extra,
         ],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip

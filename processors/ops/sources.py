@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.codec import Codec, DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import EffectState, Event
+from effect_ledger.streams.model import EffectState, Event, misplaced
 from effect_ledger.streams.partition import partition_for
 
 if TYPE_CHECKING:
@@ -226,24 +226,52 @@ def follow_topic(
         c.close()
 
 
+def _fold_sources(cfg: KafkaConfig) -> list[tuple[str, bool]]:
+    """The topics the processor folds, as (name, is the decisions topic). A deployment whose
+    decisions topic was never created has no decisions: that topic is left out, not an error."""
+    c = _consumer(cfg)
+    try:
+        _partitions(c, cfg.topics.events)  # the events topic must exist
+        try:
+            _partitions(c, cfg.topics.decisions)
+            has_decisions = True
+        except SourceError:
+            has_decisions = False
+    finally:
+        c.close()
+    return [(cfg.topics.events, False)] + ([(cfg.topics.decisions, True)] if has_decisions else [])
+
+
+def _decoded(codec: Codec, value: bytes | None, decisions_topic: bool) -> tuple[Event | None, str | None]:
+    """The event a record holds, or why it is not one the processor folds (the same rule)."""
+    try:
+        record = codec.decode(value)
+    except DecodeError as e:
+        return None, str(e)
+    why = misplaced(record, decisions_topic=decisions_topic)
+    return (None, why) if why is not None else (record, None)
+
+
 def replay_events(
     cfg: KafkaConfig, from_ms: int | None, progress: Progress | None = None, to_ms: int | None = None
 ) -> Iterator[Replayed]:
-    """Every record of ``effects.events`` from the first whose timestamp is at or after ``from_ms``,
-    decoded or not. With ``to_ms``, records from the first whose timestamp is at or after it on are
-    marked ``in_window=False`` (they are replayed all the same: later events of effects begun inside)."""
-    ends = window_ends(cfg, cfg.topics.events, to_ms) if to_ms is not None else None
+    """Every record of ``effects.events`` and ``effects.decisions`` from the first whose timestamp
+    is at or after ``from_ms``: the event, or why it is none (undecodable, or a record the processor
+    does not fold from that topic). With ``to_ms``, records from the first whose timestamp is at or
+    after it on are marked ``in_window=False`` (they are replayed all the same: later events of
+    effects begun inside)."""
     codec = default_codec()
-    for key, value, p, off in replay_topic(cfg, cfg.topics.events, from_ms, progress):
-        in_window = ends is None or off < ends.get(p, 0)
-        try:
-            yield Replayed(codec.decode(value), None, p, off, _key_text(key), in_window)
-        except DecodeError as e:
-            yield Replayed(None, str(e), p, off, _key_text(key), in_window)
+    for topic, decisions in _fold_sources(cfg):
+        ends = window_ends(cfg, topic, to_ms) if to_ms is not None else None
+        for key, value, p, off in replay_topic(cfg, topic, from_ms, progress):
+            in_window = ends is None or off < ends.get(p, 0)
+            event, error = _decoded(codec, value, decisions)
+            yield Replayed(event, error, p, off, _key_text(key), in_window)
 
 
 def key_events(cfg: KafkaConfig, key: str, progress: Progress | None = None) -> Iterator[Event]:
-    """Every event of one key: only its partition is read."""
+    """Every event of one key, as the processor folds them: only its partition of each topic is
+    read."""
     c = _consumer(cfg)
     try:
         n = len(_partitions(c, cfg.topics.events))
@@ -251,12 +279,12 @@ def key_events(cfg: KafkaConfig, key: str, progress: Progress | None = None) -> 
         c.close()
     codec = default_codec()
     kb = key.encode()
-    for k, value, _p, _off in replay_topic(cfg, cfg.topics.events, None, progress, [partition_for(kb, n)]):
-        if k == kb:
-            try:
-                yield codec.decode(value)
-            except DecodeError:
-                continue
+    for topic, decisions in _fold_sources(cfg):
+        for k, value, _p, _off in replay_topic(cfg, topic, None, progress, [partition_for(kb, n)]):
+            if k == kb:
+                event, _ = _decoded(codec, value, decisions)
+                if event is not None:
+                    yield event
 
 
 def latest_states(cfg: KafkaConfig, progress: Progress | None = None) -> dict[str, EffectState]:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from effect_ledger.processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
 from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import Effect, apply, fold
+from effect_ledger.streams.config import KafkaConfig, operator_identity
+from effect_ledger.streams.effect import Effect, apply, decision_refusal, fold
+from effect_ledger.streams.errors import DecisionRefused
 from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
@@ -158,7 +159,8 @@ def describe(e: Event) -> tuple[str, str]:
             e.reconciler,
         )
     if isinstance(e, Decision):
-        return f"decision {e.decision.value}: {e.reason}", f"person:{e.by}"
+        who = f"person:{e.by}" + (f" ({e.principal})" if e.principal else "")
+        return f"decision {e.decision.value}: {e.reason}", who
     return type(e).__name__, "-"
 
 
@@ -202,8 +204,11 @@ def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None) ->
 def decide(
     key: str, decision: DecisionKind, by: str, reason: str, receipt_id: str | None, *, cfg: KafkaConfig
 ) -> Decision:
-    """Kafka mode: write a person's decision to ``effects.events`` (embedded mode uses
-    ``Ledger.decide``). Refuses a key nobody has written."""
+    """Kafka mode: write a person's decision to ``effects.decisions`` (embedded mode uses
+    ``Ledger.decide``), the topic Kafka ACLs can keep to operators. Refuses a key nobody has
+    written, and (``DecisionRefused``) a decision that could cause a second execution: ABSENT
+    while the attempt may still land (``effect_ledger.streams.effect.decision_refusal``), judged on
+    every event and decision Kafka holds for the key."""
     from confluent_kafka import Producer
 
     from effect_ledger.streams.relay import producer_config
@@ -211,17 +216,25 @@ def decide(
     effect = fold(list(key_events(cfg, key)))
     if effect is None:
         raise SourceError(f"no effect with key {key!r} on {cfg.topics.events}")
-    d = Decision(uuid.uuid4().hex, key, now_ms(), effect.attempt, decision, by, reason, receipt_id)
+    now = now_ms()
+    refused = decision_refusal(effect, decision, now)
+    if refused is not None:
+        raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
+    d = Decision(
+        uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg)
+    )
     codec = default_codec()
     p = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
     errors: list[str] = []
     p.produce(
-        cfg.topics.events,
+        cfg.topics.decisions,
         key=key.encode(),
         value=codec.encode(d),
         headers=[codec.header(d)],
         on_delivery=lambda err, _m: errors.append(str(err)) if err else None,
     )
     if p.flush(30) or errors:
-        raise SourceError(f"the decision was not acknowledged by Kafka: {errors or 'timeout'}")
+        raise SourceError(
+            f"the decision was not acknowledged by Kafka on {cfg.topics.decisions}: {'; '.join(errors) or 'timeout'}"
+        )
     return d

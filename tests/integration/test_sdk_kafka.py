@@ -159,7 +159,8 @@ class TestKafkaLedger(LedgerContract):
 
 
 def test_every_event_written_to_the_files_is_on_kafka(kafka_mode: KafkaMode, tmp_path: Path) -> None:
-    """Runs after the contract (module order): every event_id of every file is on effects.events.
+    """Runs after the contract (module order): every event_id of every file is on effects.events
+    (decisions on effects.decisions).
     Run on its own, it first writes a few effects of its own."""
     if not kafka_mode.files:
         import asyncio
@@ -183,9 +184,12 @@ def test_every_event_written_to_the_files_is_on_kafka(kafka_mode: KafkaMode, tmp
         written.update(set(event_ids(path)))
     assert written, "the contract wrote no events"
     codec = default_codec()
-    on_kafka = Counter(
-        codec.decode(msg.value()).event_id for msg in consume_all(kafka_mode.cfg, kafka_mode.cfg.topics.events)
-    )
+    topics = kafka_mode.cfg.topics
+    on_kafka: Counter[str] = Counter()
+    for topic in (topics.events, topics.decisions):  # a person's decision is relayed to its own topic
+        records = [codec.decode(msg.value()) for msg in consume_all(kafka_mode.cfg, topic)]
+        assert all((type(r).__name__ == "Decision") == (topic == topics.decisions) for r in records), topic
+        on_kafka.update(r.event_id for r in records)
     missing = sorted(set(written) - set(on_kafka))
     assert missing == [], f"{len(missing)} of {len(written)} events never reached Kafka: {missing[:5]}"
     unexpected = sorted(set(on_kafka) - set(written))

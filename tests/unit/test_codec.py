@@ -217,6 +217,8 @@ def _encode_with(old: dict[str, Any], record: dict[str, Any]) -> bytes:
 OLD_INTENT = {f.name: getattr(SAMPLES[0], f.name) for f in dataclasses.fields(m.Intent) if f.name != "keyed"}
 OLD_RESOLUTION = {"event_id": "ev-r", "effect_id": "k-ß", "at_ms": 5, "attempt": 2, "verdict": "ABSENT",
                   "reconciler": "r-1"}
+OLD_DECISION = {"event_id": "ev-d", "effect_id": "k-d", "at_ms": 6, "attempt": 1, "decision": "ABANDONED",
+                "by": "zoë", "reason": "cancelled", "receipt_id": None}
 
 EVOLUTION = [
     pytest.param("Intent", ("keyed",), OLD_INTENT, m.Intent(**OLD_INTENT, keyed=True), id="Intent-keyed"),
@@ -225,6 +227,11 @@ EVOLUTION = [
         m.Resolution("ev-r", "k-ß", 5, 2, m.Verdict.ABSENT, "r-1", reason="", receipt_id=None, value=None,
                      tries=1),
         id="Resolution-defaults",
+    ),
+    pytest.param(
+        "Decision", ("principal",), OLD_DECISION,
+        m.Decision("ev-d", "k-d", 6, 1, m.DecisionKind.ABANDONED, "zoë", "cancelled", None, principal=""),
+        id="Decision-principal",
     ),
 ]
 
@@ -260,6 +267,15 @@ def test_unregistered_older_writer_is_rejected(
     old = _without(name, *dropped)
     with pytest.raises(DecodeError, match=f"unknown schema fingerprint {schema_fingerprint(old).hex()}"):
         fresh_codec.decode(_encode_with(old, record))
+
+
+def test_released_decisions_without_a_principal_decode_with_the_shipped_history(codec: Codec) -> None:
+    """Decisions written before ``principal`` existed (``schemas/history/Decision.1.avsc``) decode
+    with the default codec, the writer's identity left empty."""
+    (old,) = [h for h in schemas.history() if h["name"] == "Decision"]
+    assert [f["name"] for f in old["fields"]] == list(OLD_DECISION)
+    back = codec.decode(_encode_with(old, OLD_DECISION))
+    assert isinstance(back, m.Decision) and back.principal == "" and back.by == "zoë"
 
 
 def test_register_writer_rejects_unknown_record(fresh_codec: Codec) -> None:

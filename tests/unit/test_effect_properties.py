@@ -2,7 +2,7 @@
 
 Hypothesis profile note: no global profile is registered or loaded here; every property carries its
 own ``@settings(max_examples=EXAMPLES, deadline=None)`` with EXAMPLES = 500, so the file runs
-5 tests x 500 = 2,500 examples (about 12-18 s, nearly all of it generating histories).
+6 tests x 500 = 3,000 examples (about 12-18 s, nearly all of it generating histories).
 ``deadline=None`` because a fold of ~30 events can take a few ms on a loaded CI machine; that is not a
 failure.
 
@@ -200,6 +200,28 @@ def test_expire_is_idempotent(events: list[Event], data: st.DataObject) -> None:
         assert after.state is State.UNCERTAIN
         assert expire(after, now + 10**9) == []
     assert expire(after, now) == []
+
+
+@SETTINGS
+@given(events=histories())
+def test_an_absent_decision_made_while_the_call_could_land_never_makes_absent(events: list[Event]) -> None:
+    """(h) An ABSENT state of the latest attempt is always backed by an ABSENT resolution or by an
+    ABSENT decision made at or after that attempt's call deadline, never by an earlier decision; and
+    DECISION_IGNORED is flagged exactly when some ABSENT decision was made before its attempt's
+    deadline (or on an attempt whose intent is unknown)."""
+    eff = folded(events)
+    deadlines: dict[int, int] = {}
+    for e in events:
+        if isinstance(e, Intent):
+            deadlines[e.attempt] = max(e.deadline_ms, deadlines.get(e.attempt, e.deadline_ms))
+    absent_decisions = [e for e in events if isinstance(e, Decision) and e.decision is DecisionKind.ABSENT]
+    early = [d for d in absent_decisions if d.attempt not in deadlines or d.at_ms < deadlines[d.attempt]]
+    assert (Flag.DECISION_IGNORED in eff.flags) == bool(early)
+    if eff.state is State.ABSENT:
+        latest = [e for e in events if e.attempt == eff.attempt]
+        assert any(isinstance(e, Resolution) and e.verdict is Verdict.ABSENT for e in latest) or any(
+            isinstance(e, Decision) and e.decision is DecisionKind.ABSENT and e not in early for e in latest
+        )
 
 
 @SETTINGS

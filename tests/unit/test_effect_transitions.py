@@ -8,6 +8,7 @@ The table (first rule that matches wins)::
       ABANDONED decision                                       -> ABANDONED
       executed FAILED                                          -> FAILED
       ABSENT decision or ABSENT resolution                     -> ABSENT
+        (an ABSENT decision made before the attempt's call deadline is ignored and flagged)
       ESCALATE resolution                                      -> ESCALATED
       executed OK, RECEIPT timeout                             -> UNCERTAIN
       executed OK                                              -> EXECUTED
@@ -22,7 +23,16 @@ from __future__ import annotations
 
 import pytest
 
-from effect_ledger.streams.effect import Effect, apply, expire, fold, timeout_event_id, to_state
+from effect_ledger.streams.effect import (
+    DECISION_GRACE_MS,
+    Effect,
+    apply,
+    decision_refusal,
+    expire,
+    fold,
+    timeout_event_id,
+    to_state,
+)
 from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
@@ -390,6 +400,120 @@ def test_a_receipt_wins_over_abandoned() -> None:
     late = receipt("re_late", source=ReceiptSource.WEBHOOK)
     eff = effect_of(intent(), decision(DecisionKind.ABANDONED), late)
     assert eff.state is State.CONFIRMED
+
+
+# --- an ABSENT decision while the call may still land ----------------------------------------------
+
+
+def test_absent_decision_before_the_call_deadline_is_ignored_and_flagged() -> None:
+    """given an UNCERTAIN effect whose call was cut off, when a person's ABSENT decision made before
+    the call deadline arrives, then the effect stays UNCERTAIN (the call may still land: ABSENT would
+    let a second execution run), keeps the decision as a fact, flags DECISION_IGNORED and says why."""
+    d = decision(DecisionKind.ABSENT, at=CALL_DEADLINE - 1)
+    eff, emitted = apply(uncertain(), d)
+    assert eff.state is State.UNCERTAIN
+    assert eff.has(d.event_id) and eff.version == 3
+    assert Flag.DECISION_IGNORED in eff.flags
+    assert eff.reason is not None and "ABSENT decision by alice ignored" in eff.reason
+    assert emitted == ()
+
+
+def test_absent_decision_before_the_deadline_leaves_a_pending_effect_pending() -> None:
+    """given a PENDING effect, when an early ABSENT decision arrives, then it stays PENDING with its
+    deadline (the timer still fires), flagged, the reason naming the ignored decision."""
+    eff = effect_of(intent(), decision(DecisionKind.ABSENT, at=T0 + 1))
+    assert eff.state is State.PENDING and eff.deadline_ms == CALL_DEADLINE
+    assert Flag.DECISION_IGNORED in eff.flags and eff.reason is not None and "ignored" in eff.reason
+
+
+def test_absent_decision_at_the_call_deadline_makes_absent() -> None:
+    """given an UNCERTAIN effect, when an ABSENT decision made at the call deadline arrives, then it
+    counts: ABSENT, no flag."""
+    eff = effect_of(intent(), executed(Outcome.UNKNOWN, error="eof"), decision(DecisionKind.ABSENT, at=CALL_DEADLINE))
+    assert eff.state is State.ABSENT
+    assert Flag.DECISION_IGNORED not in eff.flags
+
+
+def test_an_early_absent_decision_stays_ignored_after_the_deadline_passes() -> None:
+    """given an early ABSENT decision on a PENDING effect, when the CALL timeout is applied later,
+    then the effect is UNCERTAIN, not ABSENT: the decision was made while the call could land, and
+    that does not change with time."""
+    eff = effect_of(intent(), decision(DecisionKind.ABSENT, at=T0 + 1), timeout(TimeoutPhase.CALL))
+    assert eff.state is State.UNCERTAIN
+    assert Flag.DECISION_IGNORED in eff.flags
+
+
+def test_absent_decision_before_its_intent_arrives_is_judged_once_the_intent_is_known() -> None:
+    """given an early ABSENT decision that arrives before the intent (another producer), when the
+    intent arrives, then the result equals in-order delivery: ignored. Without any intent of its
+    attempt the decision is ignored too (nothing says when the call would stop)."""
+    d = decision(DecisionKind.ABSENT, at=T0 + 1)
+    alone = effect_of(d)
+    assert alone.state is not State.ABSENT and Flag.DECISION_IGNORED in alone.flags
+    assert effect_of(d, intent()) == effect_of(intent(), d)
+    assert effect_of(d, intent()).state is State.PENDING
+
+
+@pytest.mark.parametrize("kind", [DecisionKind.ABANDONED, DecisionKind.CONFIRMED, DecisionKind.COMPENSATED])
+def test_decisions_that_cannot_cause_an_execution_count_before_the_deadline(kind: DecisionKind) -> None:
+    """given a PENDING effect, when a person abandons, confirms or compensates it before its
+    deadline, then the decision counts: none of them lets an agent execute again."""
+    eff = effect_of(intent(), decision(kind, at=T0 + 1, receipt_id="re_p" if kind is DecisionKind.CONFIRMED else None))
+    assert eff.state.value == kind.value
+    assert Flag.DECISION_IGNORED not in eff.flags
+
+
+# --- decision_refusal: where a person decides -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("events", "now", "refused", "retry"),
+    [
+        pytest.param([intent()], T0, True, CALL_DEADLINE + DECISION_GRACE_MS - T0, id="pending-before-deadline"),
+        pytest.param([intent()], CALL_DEADLINE + 60_000, True, None, id="pending-after-deadline"),
+        pytest.param([intent(), executed()], RECEIPT_DEADLINE + 1, True, None, id="executed"),
+        pytest.param([intent(), executed(Outcome.UNKNOWN, error="eof")], T0 + 600, True,
+                     CALL_DEADLINE + DECISION_GRACE_MS - T0 - 600, id="uncertain-within-deadline-and-grace"),
+        pytest.param([intent(), executed(Outcome.UNKNOWN, error="eof")], CALL_DEADLINE + DECISION_GRACE_MS - 1, True,
+                     1, id="uncertain-in-the-grace"),
+        pytest.param([intent(), executed(Outcome.UNKNOWN, error="eof")], CALL_DEADLINE + DECISION_GRACE_MS, False,
+                     None, id="uncertain-after-deadline-and-grace"),
+        pytest.param([intent(), resolution(Verdict.ESCALATE, at=T0 + 700)], T0 + 800, True,
+                     CALL_DEADLINE + DECISION_GRACE_MS - T0 - 800, id="escalated-within-deadline"),
+        pytest.param([intent(), timeout(), resolution(Verdict.ESCALATE)], CALL_DEADLINE + DECISION_GRACE_MS, False,
+                     None, id="escalated-after-deadline"),
+        pytest.param([executed(Outcome.UNKNOWN, error="eof")], T0 + 10**9, True, None, id="no-intent-known"),
+    ],
+)  # fmt: skip
+def test_decision_refusal_of_absent(events: list[Event], now: int, refused: bool, retry: int | None) -> None:
+    """given an effect, when a person asks to record ABSENT at ``now``, then it is refused exactly while
+    the attempt may still land (PENDING/EXECUTED, before deadline + grace, or no intent known), with
+    how long to wait when waiting helps."""
+    r = decision_refusal(effect_of(*events), DecisionKind.ABSENT, now)
+    assert (r is not None) is refused
+    if r is not None:
+        assert r.retry_after_ms == retry
+        assert r.reason
+
+
+@pytest.mark.parametrize("kind", [DecisionKind.ABANDONED, DecisionKind.CONFIRMED, DecisionKind.COMPENSATED])
+def test_decision_refusal_never_refuses_what_cannot_cause_an_execution(kind: DecisionKind) -> None:
+    """given a PENDING effect within its deadline, when a person abandons, confirms or compensates,
+    then nothing is refused."""
+    assert decision_refusal(effect_of(intent()), kind, T0) is None
+
+
+@pytest.mark.parametrize("record", [
+    EffectState(KEY, State.CONFIRMED, "payments", "refund.create", "default", "run-1", "s", DIGEST, 1, 1, T0, T0),
+    UncertainEffect(f"uncertain:1:0:{KEY}", KEY, T0, 1, "payments", "refund.create", REQUEST, DIGEST, "x", T0, T0),
+], ids=["EffectState", "UncertainEffect"])  # fmt: skip
+def test_apply_refuses_a_record_that_is_not_an_event(record: object) -> None:
+    """given any effect (or none), when a state record or a reconcilers' work item is applied, then
+    TypeError: only events are facts."""
+    with pytest.raises(TypeError, match="is not an event"):
+        apply(None, record)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="is not an event"):
+        apply(uncertain(), record)  # type: ignore[arg-type]
 
 
 # --- re-execution ---------------------------------------------------------------------------------

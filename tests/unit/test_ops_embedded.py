@@ -337,22 +337,24 @@ def test_escalations_on_the_incident_is_empty(incident_ledger: tuple[Path, Incid
 REQUEST = {"order": "123", "amount": 4800, "currency": "CNY"}
 
 
-async def _execute(path: Path, call: Callable[[str], Any]) -> Confirmation:
-    async with await Ledger.open(str(path), targets=[Target("payments")]) as ledger:
+async def _execute(path: Path, call: Callable[[str], Any], at_ms: int | None = None) -> Confirmation:
+    clock = {} if at_ms is None else {"clock": lambda: at_ms}
+    async with await Ledger.open(str(path), targets=[Target("payments")], **clock) as ledger:
         return await ledger.execute(
             target="payments", operation="refund.create", run_id="run-1", step="refund-123",
             request=REQUEST, call=call, timeout=5,
         )  # fmt: skip
 
 
-def uncertain_refund(path: Path) -> str:
-    """A refund whose call was cut off (connection reset): UNCERTAIN, nothing can tell."""
+def uncertain_refund(path: Path, ago_ms: int = 10 * 60_000) -> str:
+    """A refund whose call was cut off (connection reset) ``ago_ms`` ago: UNCERTAIN, nothing can
+    tell. By default long enough ago that its deadline has passed, so a person may decide ABSENT."""
 
     def lost(_key: str) -> Any:
         raise ConnectionResetError("connection reset by peer")
 
     with pytest.raises(EffectUncertain) as info:
-        asyncio.run(_execute(path, lost))
+        asyncio.run(_execute(path, lost, at_ms=now_ms() - ago_ms))
     return info.value.effect_id
 
 
