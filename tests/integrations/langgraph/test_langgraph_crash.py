@@ -4,6 +4,7 @@ that are SIGKILLed inside the refund node, then resumed on the same thread in a 
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,10 @@ import pytest
 from effect_ledger import State, SyncLedger, effect_key
 from effect_ledger.processors.demo.gateway import Gateway
 from effect_ledger.streams import crashpoints
+from effect_ledger.streams.effect import DECISION_GRACE_MS
 from effect_ledger.streams.model import Decision, DecisionKind
 from tests.integrations.gateway_http import run_child
+from tests.services import wait_for
 
 APP = "tests.integrations.langgraph.app"
 THREAD = "thread-7"
@@ -97,6 +100,9 @@ def test_escalation_confirmed_by_a_person(gateway: Gateway, tmp_path: Path) -> N
 def test_escalation_decided_absent_executes_with_the_same_key(gateway: Gateway, tmp_path: Path) -> None:
     _escalate(gateway, tmp_path, crashpoints.AFTER_INTENT)
     assert gateway.refunds() == []  # killed before the call: the person sees nothing at the gateway
+    # "Absent" is refused while the attempt could still land: the person answers after its deadline.
+    deadline = ledger_state(tmp_path).intent.deadline_ms + DECISION_GRACE_MS
+    wait_for(lambda: time.time() * 1000 > deadline, 30, "the attempt's deadline (and its grace) to pass")
     code, out = graph(gateway, tmp_path, "decide", '{"decision": "absent", "by": "bob", "reason": "not there"}')
     assert code == 0, out
     assert out["next"] == [] and out["values"]["status"] == "refunded" and out["values"]["called"] is True

@@ -16,6 +16,7 @@ from langgraph.types import Command, Send
 
 from effect_ledger import EffectUncertain, InvalidEffect, State, SyncLedger, Target, effect_key
 from effect_ledger.langgraph import execute, node_path, run_identity
+from tests.sdk_contract import FakeClock
 
 
 class S(TypedDict, total=False):
@@ -82,7 +83,8 @@ def test_a_resume_value_never_answers_a_later_escalation(saver: SqliteSaver, tmp
         calls.append(key)
         raise ConnectionError("connection reset")  # may or may not have been made
 
-    with SyncLedger.open(str(tmp_path / "effects.db"), targets=[nobody]) as ledger:
+    clock = FakeClock()
+    with SyncLedger.open(str(tmp_path / "effects.db"), targets=[nobody], clock=clock) as ledger:
 
         def refund(state: S) -> S:
             c = execute(ledger, target="payments", operation="refund.create", request={"o": 1}, call=lost_reply)
@@ -98,6 +100,7 @@ def test_a_resume_value_never_answers_a_later_escalation(saver: SqliteSaver, tmp
             graph.invoke({"seen": []}, cfg("t-3"))
         asked = graph.invoke(None, cfg("t-3"))["__interrupt__"][0].value  # reconciled: nobody to ask
         assert (asked["effect_id"], asked["attempt"]) == (key, 1)
+        clock.advance(60_000)  # "absent" is refused while attempt 1 could still land: after its deadline
         with pytest.raises(EffectUncertain):  # decided absent -> attempt 2, its reply lost too
             graph.invoke(Command(resume={"decision": "absent", "by": "bob", "reason": "not seen"}), cfg("t-3"))
         assert calls == [key, key]
