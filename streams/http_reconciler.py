@@ -4,6 +4,7 @@ Unknown``) and the callable reconciler live in ``effect_ledger.streams.reconcile
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
@@ -40,8 +41,12 @@ class HttpReconciler:
         headers: Mapping[str, str] | None = None,
         timeout: float = 10.0,
     ) -> None:
-        if "{key}" not in url:
-            raise ValueError(f"reconciler url {url!r} must contain {{key}}")
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(url) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"reconciler url {url!r}: {e}") from None
+        if "key" not in fields or not fields <= {"key", "target", "operation"}:
+            raise ValueError(f"reconciler url {url!r} must contain {{key}} (and may use {{target}}, {{operation}})")
         self.url = url
         self.name = name
         self._found = frozenset(found_status)
