@@ -35,13 +35,14 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.errors import EffectUncertain, InvalidEffect, LedgerClosed
 from effect_ledger.streams.ledger import Confirmation, Ledger, bind_request
 from effect_ledger.streams.model import DecisionKind, ReceiptSource
+from effect_ledger.streams.reconcile import Target
 from effect_ledger.streams.store import Store
 
 T = TypeVar("T")
@@ -130,19 +131,21 @@ class SyncLedger:
             raise
 
     def _finished(self, done: Future[T], task: asyncio.Task[T]) -> None:
+        # The caller's answer first, then "not busy": close() may stop the loop after that.
+        try:
+            if task.cancelled():
+                done.cancel()
+            elif (exc := task.exception()) is not None:
+                if isinstance(exc, EffectUncertain) and isinstance(exc.__cause__, CallExited):
+                    exc = exc.__cause__.original  # recorded unknown; the caller gets what the call raised
+                done.set_exception(exc)
+            else:
+                done.set_result(task.result())
+        except InvalidStateError:
+            pass  # the caller gave up waiting meanwhile
         with self._idle:
             self._busy -= 1
             self._idle.notify_all()
-        if done.done():
-            return
-        if task.cancelled():
-            done.cancel()
-        elif (exc := task.exception()) is not None:
-            if isinstance(exc, EffectUncertain) and isinstance(exc.__cause__, CallExited):
-                exc = exc.__cause__.original  # recorded unknown; the caller gets what the call raised
-            done.set_exception(exc)
-        else:
-            done.set_result(task.result())
 
     @property
     def ledger(self) -> Ledger:
@@ -158,6 +161,11 @@ class SyncLedger:
     @property
     def worker(self) -> str:
         return self._ledger.worker
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The declared targets by name."""
+        return self._ledger.targets
 
     def now_ms(self) -> int:
         return self._ledger.now_ms()

@@ -87,7 +87,7 @@ def _from_module(spec: str) -> tuple[Target, ...]:
         module = importlib.import_module(mod_name)
         targets = tuple(getattr(module, attr))
     except Exception as e:  # an import error of the user's module, whatever it is
-        raise TargetsError(f"{spec}:1: cannot load the targets: {type(e).__name__}: {e}") from None
+        raise TargetsError(f"{spec}:1: cannot load the targets: {_why(e)}") from None
     # Errors name the module's file and the line that assigns the list, like a TOML file's.
     where = spec
     source = getattr(module, "__file__", None)
@@ -230,6 +230,8 @@ def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError])
         if missing:
             raise fail(f"header {k!r} refers to ${{{missing[0]}}}, which is not set in the environment", "headers")
         expanded[k] = _ENV_REF.sub(lambda m: os.environ[m.group(1)], v)
+        if "\r" in expanded[k] or "\n" in expanded[k]:
+            raise fail(f"header {k!r} holds a line break (from the environment?)", "headers")
     kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": expanded}
     if "timeout" in body:
         kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
@@ -307,8 +309,16 @@ def _import(ref: str, field: str, fail: Callable[..., TargetsError]) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as e:  # the user's module may fail to import in any way
-        raise fail(f"{field}: cannot load {ref!r}: {type(e).__name__}: {e}", field) from None
+        raise fail(f"{field}: cannot load {ref!r}: {_why(e)}", field) from None
     return obj
+
+
+def _why(e: Exception) -> str:
+    hint = ""
+    if isinstance(e, ModuleNotFoundError):
+        # The `effects` command does not put the current folder on the import path.
+        hint = " (install it, or add its folder to PYTHONPATH)"
+    return f"{type(e).__name__}: {e}{hint}"
 
 
 def _string(body: Mapping[str, Any], field: str, fail: Callable[..., TargetsError]) -> str:

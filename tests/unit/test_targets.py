@@ -298,7 +298,7 @@ BAD = [
     ("definite-no-colon", '[targets.sms]\nlookup = "none"\ndefinite_errors = ["ValueError"]\n', 3,
      '"package.module:name"'),
     ("module-not-importable", '[targets.t]\n\nreconciler = "h2targets_no_such_module:find"\n', 3,
-     "ModuleNotFoundError"),
+     "ModuleNotFoundError: No module named 'h2targets_no_such_module' (install it, or add its folder to PYTHONPATH)"),
     ("module-fails-at-import", '[targets.t]\nreconciler = "h2targets_broken:find"\n', 2,
      "RuntimeError: boom at import"),
     ("attribute-missing", '[targets.t]\nreconciler = "h2targets_fixture:find_tickets"\n', 2, "AttributeError"),
@@ -338,6 +338,12 @@ def test_a_mistake_names_the_file_the_line_and_the_problem(tmp_path: Path, text:
     assert message.startswith(f"{path}:{line}: "), message
     assert what in message, message
     assert path.read_bytes() == before  # a refused file is never modified
+
+
+def test_a_header_value_with_a_line_break_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("H2_TOKEN", "abc\r\nX-Injected: 1")
+    path = write(tmp_path, '[targets.p]\nlookup = "http://gw/{key}"\nheaders = { Authorization = "${H2_TOKEN}" }\n')
+    assert error_of(path).startswith(f"{path}:3: target 'p': header 'Authorization' holds a line break")
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -450,7 +456,7 @@ def test_open_without_targets_reads_effects_targets(tmp_path: Path, monkeypatch:
 
     run(body())
     with SyncLedger.open(str(tmp_path / "sync.db")) as ledger:
-        assert list(ledger.ledger.targets) == ["payments"]
+        assert list(ledger.targets) == ["payments"]
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
