@@ -17,10 +17,15 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     [targets.sms]
     lookup = "none"   # nothing can ask this destination: an uncertain effect goes to a person
 
-Every target says how it is asked: ``lookup`` (a URL with ``{key}``, or ``"none"``) or
-``reconciler``. "Nobody can ask" is a declaration, never a default. A mistake is a
-``TargetsError`` naming the file, the line and what is wrong; nothing starts on a bad file.
-A Python module can declare the same list (``module:NAME``, a list of ``Target``).
+Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
+``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
+default. A lookup may also set ``timeout``, ``found_status``, ``absent_status``, ``receipt_field``,
+``state_field``, ``absent_values``, ``pending_values`` (see ``HttpReconciler``); any target may set
+``backoff = { first, factor, max, tries }`` and ``receipt_id = "module:function"``.
+
+A mistake is a ``TargetsError`` whose message is one line, ``FILE:LINE: what is wrong`` (problems
+of the whole file, such as a missing file, at line 1); nothing starts on a bad file. A Python module
+can declare the same list (``module:NAME``, a list of ``Target``).
 """
 
 from __future__ import annotations
