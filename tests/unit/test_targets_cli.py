@@ -97,10 +97,9 @@ def test_run_on_a_folder_that_does_not_exist_is_one_line(files: dict[str, Path],
 
 @pytest.mark.parametrize("declared", [False, True], ids=["missing", "malformed"])
 def test_reconcile_refuses_a_bad_declaration_before_any_broker(files: dict[str, Path], declared: bool) -> None:
-    """Nothing listens on port 9 here: a command that tried to reach the broker would fail with
-    another message, and only after its connection timeout."""
+    """Nothing listens on port 9 here: a command that reached for the broker first would fail with
+    the broker's message instead."""
     args = ["reconcile", "--bootstrap", "127.0.0.1:9"] + (["--targets", str(files["bad"])] if declared else [])
-    started = time.monotonic()
     r = effects(*args)
     assert r.returncode == 1
     line = one_line(r.stderr)
@@ -108,7 +107,6 @@ def test_reconcile_refuses_a_bad_declaration_before_any_broker(files: dict[str, 
         assert line.startswith(f"effects: {files['bad']}:3: target 'payments': unknown setting 'honors_keys'"), line
     else:
         assert line.startswith("effects: no targets declared"), line
-    assert time.monotonic() - started < 25  # well before the 30 s the broker check would take
 
 
 # --- the scenario: a crash after the call, resolved through the declared lookup -------------------------
