@@ -7,7 +7,7 @@ import asyncio
 import json
 import logging
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
@@ -28,7 +28,7 @@ from effect_ledger.streams.extras import require
 console = Console(highlight=False)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     """One line on stderr and exit 1: no traceback for an error the user can fix."""
     click.echo(f"effects: {message}", err=True)
     sys.exit(1)
@@ -143,25 +143,32 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
 
 
 def target_options(fn: Any) -> Any:
+    # Required, but checked in _targets rather than by click: a missing declaration is then one
+    # line and exit 1, like a malformed one, instead of click's usage text and exit 2.
     return click.option(
         "--targets",
         "targets_spec",
         metavar="FILE",
         envvar="EFFECTS_TARGETS",
-        required=True,
-        help="the targets declaration: a TOML file (or package.module:NAME) [env EFFECTS_TARGETS]",
+        help="the targets declaration (required): a TOML file, or package.module:NAME [env EFFECTS_TARGETS]",
     )(fn)
 
 
-def _targets(spec: str) -> dict[str, Any]:
+def _targets(spec: str | None) -> dict[str, Any]:
+    """The declared targets by name; a missing or malformed declaration ends the command (exit 1)
+    before anything is opened or connected."""
     from effect_ledger.streams.errors import TargetsError
     from effect_ledger.streams.targets import load_targets
 
+    if not spec:
+        _fail(
+            "no targets declared: give --targets FILE or set EFFECTS_TARGETS (a TOML file saying how "
+            'each destination is asked; lookup = "none" where nothing can ask it)'
+        )
     try:
         return {t.name: t for t in load_targets(spec)}
     except TargetsError as e:
         _fail(str(e))
-        raise
 
 
 @main.command()
@@ -171,15 +178,15 @@ def _targets(spec: str) -> dict[str, Any]:
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
 def run(
     db: str,
-    targets_spec: str,
+    targets_spec: str | None,
     interval: float,
     once: bool,
 ) -> None:
     """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
+    targets = list(_targets(targets_spec).values())
     from effect_ledger.processors.runner import Runner
     from effect_ledger.streams.ledger import Ledger
 
-    targets = list(_targets(targets_spec).values())
 
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
@@ -190,10 +197,14 @@ def run(
             else:
                 await runner.run()
 
+    from effect_ledger.streams.errors import LedgerError
+
     try:
         asyncio.run(go())
     except KeyboardInterrupt:
         pass
+    except (LedgerError, OSError) as e:  # a missing folder, a file that is not a ledger
+        _fail(str(e))
 
 
 @main.command()
@@ -275,18 +286,18 @@ def reconcile(
     bootstrap: str | None,
     prefix: str | None,
     partitions: int | None,
-    targets_spec: str,
+    targets_spec: str | None,
     group: str,
 ) -> None:
     """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
     Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
+    targets = _targets(targets_spec)  # before anything is imported, opened or connected
     import signal
 
     from effect_ledger.processors.reconcile_service import ReconcileService
     from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 
     cfg = _kafka(bootstrap, prefix, partitions)
-    targets = _targets(targets_spec)
     try:
         wait_ready(cfg, timeout=broker_wait(30))
     except BrokerUnavailable as e:

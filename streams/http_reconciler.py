@@ -4,6 +4,7 @@ Unknown``) and the callable reconciler live in ``effect_ledger.streams.reconcile
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -62,8 +63,12 @@ class HttpReconciler:
         redirects: Redirects = "none",
         max_body: int = DEFAULT_MAX_BODY,
     ) -> None:
-        if "{key}" not in url:
-            raise ValueError(f"reconciler url {url!r} must contain {{key}}")
+        try:
+            fields = {f for _, f, _, _ in string.Formatter().parse(url) if f is not None}
+        except ValueError as e:
+            raise ValueError(f"reconciler url {url!r}: {e}") from None
+        if "key" not in fields or not fields <= {"key", "target", "operation"}:
+            raise ValueError(f"reconciler url {url!r} must contain {{key}} (and may use {{target}}, {{operation}})")
         # The origin must not depend on the key: it is where the headers go and whose answer counts.
         one, other = (key_url(url, k, target="t", operation="o") for k in ("a", "b"))
         if not one.is_absolute() or origin(one) != origin(other):

@@ -473,9 +473,9 @@ class Ledger:
             try:
                 async with asyncio.timeout(timeout):
                     value = await _maybe_await(call(effect.effect_id))
-            except target.definite as e:
-                return Absent(f"replay rejected: {e}"), "replay"
             except Exception as e:
+                if target.rejects(e):
+                    return Absent(f"replay rejected: {e}"), "replay"
                 return Unknown(f"replay failed: {type(e).__name__}: {e}"), "replay"
             return Found(receipt_of(target, value)[0], value), "replay"
         return None, "none"
@@ -564,10 +564,10 @@ class Ledger:
         try:
             async with asyncio.timeout(spec.timeout):
                 value = await _maybe_await(call(key))
-        except target.definite as e:
-            await self._after_call(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
-            raise
         except BaseException as e:
+            if target.rejects(e):
+                await self._after_call(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
+                raise
             # A timeout, a transport error, an unexpected exception, a cancelled task: the request
             # may or may not have reached the destination.
             what = "timed out" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"

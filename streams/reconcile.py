@@ -140,6 +140,12 @@ class Target:
         """Every exception type that counts as a definite rejection for this target."""
         return (DefiniteFailure, *self.definite_errors)
 
+    def rejects(self, error: BaseException) -> bool:
+        """Whether ``error`` raised by a call means "rejected, nothing happened". Never a timeout
+        or a cancellation, whatever types are declared (``OSError`` includes ``TimeoutError``):
+        their outcome is unknown, and calling FAILED what may have happened would re-run it."""
+        return isinstance(error, self.definite) and isinstance(error, Exception) and not isinstance(error, TimeoutError)
+
 
 def view(effect: Effect) -> EffectView:
     i = effect.intent or effect.first_intent

@@ -19,6 +19,12 @@ stopped (Python threads cannot be killed): the ledger records its outcome as unk
 deadline and raises ``EffectUncertain`` to the caller, and whatever the call does or returns
 afterwards is not recorded; a reconciler then asks the destination, by key, whether it happened.
 The call's thread is a daemon thread, so a call that never returns does not keep the process alive.
+``call`` is a plain function (an async one is refused: use ``Ledger``); if it returns an awaitable,
+that is run to completion on a fresh event loop in the call's thread.
+
+Interrupted (Ctrl-C while a call blocks): the caller gets its ``KeyboardInterrupt`` at once; the
+ledger records the call's outcome as unknown. ``close()`` (and the end of a ``with`` block) refuses
+new calls and lets calls in flight in other threads end first, each by its deadline at the latest.
 """
 
 from __future__ import annotations
@@ -29,13 +35,14 @@ import functools
 import inspect
 import threading
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, TypeVar
 
 from effect_ledger.streams.effect import Effect
-from effect_ledger.streams.errors import InvalidEffect, LedgerClosed
+from effect_ledger.streams.errors import EffectUncertain, InvalidEffect, LedgerClosed
 from effect_ledger.streams.ledger import Confirmation, Ledger, bind_request
 from effect_ledger.streams.model import DecisionKind, ReceiptSource
+from effect_ledger.streams.reconcile import Target
 from effect_ledger.streams.store import Store
 
 T = TypeVar("T")
@@ -51,6 +58,8 @@ class SyncLedger:
         self._thread = thread
         self._ledger = ledger
         self._closed = False
+        self._busy = 0  # operations handed to the loop and not finished there
+        self._idle = threading.Condition()
 
     @classmethod
     def open(cls, path: str, **kwargs: Any) -> SyncLedger:
@@ -72,30 +81,71 @@ class SyncLedger:
         self.close()
 
     def close(self, relay_timeout: float = 10.0) -> None:
-        """Close the ledger (see ``Ledger.close``) and stop its thread. Closing twice is harmless."""
-        if self._closed:
-            return
-        self._closed = True
+        """Refuse new calls, let those in flight in other threads end (each ends by its deadline at
+        the latest, recorded as usual), then close the ledger (see ``Ledger.close``) and stop its
+        thread. Closing twice is harmless."""
+        self._not_on_the_loop()
+        with self._idle:
+            if self._closed:
+                return
+            self._closed = True
+            # Stopping the loop under an operation would leave its caller waiting forever.
+            self._idle.wait_for(lambda: self._busy == 0)
         try:
             asyncio.run_coroutine_threadsafe(self._ledger.close(relay_timeout), self._loop).result()
         finally:
             _stop(self._loop, self._thread)
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._closed:
-            coro.close()
-            raise LedgerClosed(f"ledger {self._ledger.store.path} is closed")
+    def _not_on_the_loop(self) -> None:
         if threading.current_thread() is self._thread:
-            coro.close()
-            raise InvalidEffect("SyncLedger called from its own event loop (from inside a call?): use Ledger there")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            raise InvalidEffect(
+                "SyncLedger called from its own event loop (from a reconciler?), where it would wait on "
+                "itself: use the async Ledger there (SyncLedger.ledger)"
+            )
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one ``Ledger`` operation on the loop and wait for it in the calling thread."""
         try:
-            return fut.result()
+            self._not_on_the_loop()
+            with self._idle:
+                if self._closed:
+                    raise LedgerClosed(f"ledger {self._ledger.store.path} is closed")
+                self._busy += 1
         except BaseException:
-            # KeyboardInterrupt or the like in the caller: cancel the operation on the loop, where
-            # Ledger records an interrupted call's outcome as unknown.
-            fut.cancel()
+            coro.close()
             raise
+        done: Future[T] = Future()
+
+        def start() -> None:
+            task = self._loop.create_task(coro)
+            task.add_done_callback(functools.partial(self._finished, done))
+            # The caller gave up waiting (Ctrl-C): cancel the operation on the loop, where Ledger
+            # records an interrupted call's outcome as unknown before the task ends.
+            done.add_done_callback(lambda f: f.cancelled() and self._loop.call_soon_threadsafe(task.cancel))
+
+        self._loop.call_soon_threadsafe(start)
+        try:
+            return done.result()
+        except BaseException:
+            done.cancel()
+            raise
+
+    def _finished(self, done: Future[T], task: asyncio.Task[T]) -> None:
+        # The caller's answer first, then "not busy": close() may stop the loop after that.
+        try:
+            if task.cancelled():
+                done.cancel()
+            elif (exc := task.exception()) is not None:
+                if isinstance(exc, EffectUncertain) and isinstance(exc.__cause__, CallExited):
+                    exc = exc.__cause__.original  # recorded unknown; the caller gets what the call raised
+                done.set_exception(exc)
+            else:
+                done.set_result(task.result())
+        except InvalidStateError:
+            pass  # the caller gave up waiting meanwhile
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
 
     @property
     def ledger(self) -> Ledger:
@@ -104,11 +154,18 @@ class SyncLedger:
 
     @property
     def store(self) -> Store:
+        """The ledger's store: ``path`` and ``closed`` are safe to read; its coroutines belong to the
+        ledger's own loop."""
         return self._ledger.store
 
     @property
     def worker(self) -> str:
         return self._ledger.worker
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The declared targets by name."""
+        return self._ledger.targets
 
     def now_ms(self) -> int:
         return self._ledger.now_ms()
@@ -128,8 +185,10 @@ class SyncLedger:
     ) -> Confirmation:
         """``Ledger.execute`` for a synchronous ``call(key)``, run in a thread of its own under the
         deadline (see the module's note on a call that outlives it)."""
-        if inspect.iscoroutinefunction(call):
-            raise InvalidEffect("SyncLedger runs plain functions; for an async call use Ledger.execute")
+        if not callable(call):
+            raise InvalidEffect("call must be a function of the idempotency key")
+        if _is_async(call):
+            raise InvalidEffect("call is async: SyncLedger runs plain functions (use Ledger.execute for async ones)")
         context = contextvars.copy_context()  # the caller's, not the loop thread's
         return self._run(
             self._ledger.execute(
@@ -178,6 +237,8 @@ class SyncLedger:
         key as ``key_arg``; the wrapper takes ``run_id=``/``step=`` (or ``key=``) on top."""
 
         def wrap(fn: F) -> Callable[..., Any]:
+            if _is_async(fn):
+                raise InvalidEffect(f"{fn.__name__} is async: SyncLedger.effect wraps plain functions (Ledger.effect)")
             op, sig = self._ledger.check_wrapped(fn, operation, key_arg)
 
             @functools.wraps(fn)
@@ -200,33 +261,49 @@ class SyncLedger:
         return wrap
 
 
+class CallExited(Exception):
+    """A call ended with ``SystemExit`` (or another non-``Exception``): recorded as an unknown
+    outcome, then re-raised to the caller. It must not reach the loop, which it would stop."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}({original})")
+        self.original = original
+
+
+def _is_async(fn: Any) -> bool:
+    """An async function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
 def _in_thread(call: Callable[[str], Any], context: contextvars.Context, key: str) -> asyncio.Future[Any]:
     """Start ``call(key)`` in a daemon thread; the returned future (of the running loop) completes
     with its result. A thread per call: a call that hangs past its deadline holds only itself."""
     loop = asyncio.get_running_loop()
     result: asyncio.Future[Any] = loop.create_future()
-    done: Future[Any] = Future()
 
-    def deliver(_: Future[Any]) -> None:
-        if result.done():  # the deadline fired first: nobody is waiting for this any more
+    def deliver(value: Any, exc: BaseException | None) -> None:
+        if result.done():  # cut off at the deadline (or cancelled): what it did is not recorded
             return
-        exc = done.exception()
-        if exc is not None:
-            result.set_exception(exc)
+        if exc is None:
+            result.set_result(value)
         else:
-            result.set_result(done.result())
+            result.set_exception(exc if isinstance(exc, Exception) else CallExited(exc))
 
-    def target() -> None:
+    def run() -> None:
+        value, exc = None, None
         try:
-            value = context.run(call, key)
+            # A copy per run: a replay of the key and a later attempt may use the same context.
+            value = context.copy().run(call, key)
             if inspect.isawaitable(value):  # a lambda that returned a coroutine: run it here
                 value = asyncio.run(_awaited(value))
-            done.set_result(value)
         except BaseException as e:
-            done.set_exception(e)
+            exc = e
+        try:
+            loop.call_soon_threadsafe(deliver, value, exc)
+        except RuntimeError:  # the ledger was closed meanwhile: nobody waits for this any more
+            pass
 
-    done.add_done_callback(lambda f: loop.call_soon_threadsafe(deliver, f) if not loop.is_closed() else None)
-    threading.Thread(target=target, name=f"effect-ledger call {key[:40]}", daemon=True).start()
+    threading.Thread(target=run, name=f"effect-ledger call {key[:40]}", daemon=True).start()
     return result
 
 

@@ -21,10 +21,15 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     [targets.sms]
     lookup = "none"   # nothing can ask this destination: an uncertain effect goes to a person
 
-Every target says how it is asked: ``lookup`` (a URL with ``{key}``, or ``"none"``) or
-``reconciler``. "Nobody can ask" is a declaration, never a default. A mistake is a
-``TargetsError`` naming the file, the line and what is wrong; nothing starts on a bad file.
-A Python module can declare the same list (``module:NAME``, a list of ``Target``).
+Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
+``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
+default. A lookup may also set ``timeout``, ``found_status``, ``absent_status``, ``receipt_field``,
+``state_field``, ``absent_values``, ``pending_values`` (see ``HttpReconciler``); any target may set
+``backoff = { first, factor, max, tries }`` and ``receipt_id = "module:function"``.
+
+A mistake is a ``TargetsError`` whose message is one line, ``FILE:LINE: what is wrong`` (problems
+of the whole file, such as a missing file, at line 1); nothing starts on a bad file. A Python module
+can declare the same list (``module:NAME``, a list of ``Target``).
 """
 
 from __future__ import annotations
@@ -78,12 +83,7 @@ def resolve(spec: TargetsSpec) -> tuple[Target, ...]:
         return load_targets(env) if env else ()
     if isinstance(spec, str | os.PathLike):
         return load_targets(spec)
-    targets = tuple(spec)
-    for t in targets:
-        if not isinstance(t, Target):
-            raise TargetsError(f"targets: {t!r} is not a Target")
-    _check_unique(targets, "targets")
-    return targets
+    return _checked(tuple(spec), "targets")
 
 
 def load_targets(source: str | os.PathLike[str]) -> tuple[Target, ...]:
@@ -97,30 +97,56 @@ def load_targets(source: str | os.PathLike[str]) -> tuple[Target, ...]:
 
 def _from_module(spec: str) -> tuple[Target, ...]:
     mod_name, _, attr = spec.partition(":")
+    attr = attr or "TARGETS"
     try:
-        loaded = getattr(importlib.import_module(mod_name), attr or "TARGETS")
-        targets = tuple(loaded)
+        module = importlib.import_module(mod_name)
+        targets = tuple(getattr(module, attr))
     except Exception as e:  # an import error of the user's module, whatever it is
-        raise TargetsError(f"targets {spec}: {type(e).__name__}: {e}") from e
+        raise TargetsError(f"{spec}:1: cannot load the targets: {_why(e)}") from None
+    # Errors name the module's file and the line that assigns the list, like a TOML file's.
+    where = spec
+    source = getattr(module, "__file__", None)
+    if source and source.endswith(".py"):
+        try:
+            lines = Path(source).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            lines = []
+        assign = re.compile(rf"^{re.escape(attr)}\s*[:=]")
+        line = next((i + 1 for i, ln in enumerate(lines) if assign.match(ln)), 1)
+        where = f"{source}:{line}"
+    return _checked(targets, where)
+
+
+def _checked(targets: tuple[Any, ...], where: str) -> tuple[Target, ...]:
+    """A Python list of targets: each a ``Target`` with a valid name, no name twice."""
+    seen: set[str] = set()
     for t in targets:
         if not isinstance(t, Target):
-            raise TargetsError(f"targets {spec}: {t!r} is not an effect_ledger.Target")
-    _check_unique(targets, f"targets {spec}")
+            raise TargetsError(f"{where}: {t!r} is not an effect_ledger.Target")
+        try:
+            check_name("target", t.name)
+        except ValueError as e:
+            raise TargetsError(f"{where}: {e}") from None
+        if t.name in seen:
+            raise TargetsError(f"{where}: target {t.name!r} is declared twice")
+        seen.add(t.name)
     return targets
 
 
 def _from_file(path: Path) -> tuple[Target, ...]:
+    # Problems of the whole file are reported at its line 1, so every message reads FILE:LINE: ...
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise TargetsError(f"{path}: {size} bytes; a targets file is at most {MAX_FILE_BYTES} bytes")
-        raw = path.read_bytes()
+        with path.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)  # bounded: a wrong path (a device, a log) is not read whole
     except OSError as e:
-        raise TargetsError(f"{path}: cannot read the targets file: {e.strerror or e}") from None
+        raise TargetsError(f"{path}:1: cannot read the targets file: {e.strerror or e}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise TargetsError(f"{path}:1: more than {MAX_FILE_BYTES} bytes; a targets file is a declaration, not data")
     try:
         text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TargetsError(f"{path}: not UTF-8 text") from None
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise TargetsError(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
     return parse_targets(text, path)
 
 
@@ -135,11 +161,13 @@ def parse_targets(text: str, origin: str | os.PathLike[str] = "<targets>") -> tu
     where = _Where(path, text)
     extra = set(doc) - {"targets"} - SECTIONS_READ_ELSEWHERE
     if extra:
-        name = sorted(extra)[0]
-        raise TargetsError(f"{where.at(name)}: unknown section {name!r}; declare targets as [targets.NAME]")
+        name = sorted(extra, key=where.top)[0]
+        raise TargetsError(f"{path}:{where.top(name)}: unknown section {name!r}; declare targets as [targets.NAME]")
     section = doc.get("targets")
     if not isinstance(section, dict) or not section:
-        raise TargetsError(f"{path}:1: no targets declared; add a [targets.NAME] table per destination")
+        raise TargetsError(
+            f"{path}:{where.top('targets')}: no targets declared; add a [targets.NAME] table per destination"
+        )
     return tuple(_target(name, body, where) for name, body in section.items())
 
 
@@ -217,15 +245,22 @@ def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError])
         if missing:
             raise fail(f"header {k!r} refers to ${{{missing[0]}}}, which is not set in the environment", "headers")
         expanded[k] = _ENV_REF.sub(lambda m: os.environ[m.group(1)], v)
+        if "\r" in expanded[k] or "\n" in expanded[k]:
+            raise fail(f"header {k!r} holds a line break (from the environment?)", "headers")
     kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": expanded}
     if "timeout" in body:
         kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
     for field in ("found_status", "absent_status"):
         if field in body:
             codes = body[field]
-            if not isinstance(codes, list) or not all(isinstance(c, int) and 100 <= c <= 599 for c in codes):
+            if not isinstance(codes, list) or not all(
+                isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599 for c in codes
+            ):
                 raise fail(f"{field} must be a list of HTTP status codes", field)
             kwargs[field] = tuple(codes)
+    both = set(kwargs.get("found_status", (200,))) & set(kwargs.get("absent_status", (404, 410)))
+    if both:
+        raise fail(f"HTTP status {min(both)} cannot mean both found and absent", "absent_status")
     for field in ("receipt_field", "state_field"):
         if field in body:
             kwargs[field] = _string(body, field, fail)
@@ -280,6 +315,13 @@ def _error_class(ref: str, fail: Callable[..., TargetsError]) -> type[BaseExcept
     obj = _import(ref, "definite_errors", fail)
     if not (isinstance(obj, type) and issubclass(obj, BaseException)):
         raise fail(f"definite_errors: {ref!r} is not an exception class", "definite_errors")
+    if issubclass(TimeoutError, obj):
+        # OSError, Exception, ...: a timed-out call would count as "nothing happened" and be re-run.
+        raise fail(
+            f"definite_errors: {ref!r} also matches TimeoutError, whose outcome is unknown; name the "
+            "destination's rejections only",
+            "definite_errors",
+        )
     return obj
 
 
@@ -292,8 +334,16 @@ def _import(ref: str, field: str, fail: Callable[..., TargetsError]) -> Any:
         for part in attr.split("."):
             obj = getattr(obj, part)
     except Exception as e:  # the user's module may fail to import in any way
-        raise fail(f"{field}: cannot load {ref!r}: {type(e).__name__}: {e}", field) from None
+        raise fail(f"{field}: cannot load {ref!r}: {_why(e)}", field) from None
     return obj
+
+
+def _why(e: Exception) -> str:
+    hint = ""
+    if isinstance(e, ModuleNotFoundError):
+        # The `effects` command does not put the current folder on the import path.
+        hint = " (install it, or add its folder to PYTHONPATH)"
+    return f"{type(e).__name__}: {e}{hint}"
 
 
 def _string(body: Mapping[str, Any], field: str, fail: Callable[..., TargetsError]) -> str:
@@ -322,35 +372,56 @@ def _duration(value: Any, field: str, fail: Callable[..., TargetsError]) -> int:
     return ms
 
 
-def _check_unique(targets: tuple[Target, ...], where: str) -> None:
-    seen: set[str] = set()
-    for t in targets:
-        if t.name in seen:
-            raise TargetsError(f"{where}: target {t.name!r} is declared twice")
-        seen.add(t.name)
-
-
 class _Where:
-    """File and line of a target's table (and of one of its settings), for error messages: TOML
-    parsers do not keep positions, so the line is found in the text."""
+    """The line of a section, a target or one of its settings, for error messages: TOML parsers do
+    not keep positions, so it is found in the text. A target may be written as a table
+    (``[targets.NAME]``), an inline table (``NAME = { ... }`` under ``[targets]``) or dotted keys
+    (``NAME.lookup = ...``); a setting as ``field = ...``, inside an inline table, or as a sub-table
+    (``[targets.NAME.headers]``). When nothing matches, line 1."""
 
     def __init__(self, path: Path, text: str) -> None:
         self.path = path
         self.lines = text.splitlines()
 
+    def _first(self, pattern: str, start: int = 0, stop: int | None = None) -> int | None:
+        rx = re.compile(pattern)
+        return next((i for i in range(start, stop or len(self.lines)) if rx.search(self.lines[i])), None)
+
+    def top(self, name: str) -> int:
+        """The line of a top-level section or key."""
+        q = _quoted(name)
+        i = self._first(rf"^\s*\[\[?\s*{q}\s*[\].]|^\s*{q}\s*[=.]")
+        return 1 if i is None else i + 1
+
     def at(self, name: str, field: str | None = None) -> str:
-        header = re.compile(rf"^\s*\[\s*(targets\s*\.\s*)?[\"']?{re.escape(name)}[\"']?\s*\]")
-        start = next((i for i, ln in enumerate(self.lines) if header.match(ln)), None)
+        q, sep = _quoted(name), r"\s*\.\s*"
+        # The target's own table, or the [targets] table holding it as an inline table / dotted keys.
+        start = self._first(rf"^\s*\[\s*targets{sep}{q}\s*\]")
+        if start is None:
+            section = self._first(r"^\s*\[\s*targets\s*\]")
+            if section is not None:
+                start = self._first(rf"^\s*{q}\s*[=.]", section + 1, self._next_header(section))
+        if start is None:
+            start = self._first(rf"^\s*targets{sep}{q}\s*[=.]")
         if start is None:
             return f"{self.path}:1"
         if field is not None:
-            setting = re.compile(rf"^\s*[\"']?{re.escape(field)}[\"']?\s*=")
-            for i in range(start + 1, len(self.lines)):
-                if self.lines[i].lstrip().startswith("["):
-                    break
-                if setting.match(self.lines[i]):
-                    return f"{self.path}:{i + 1}"
+            f = _quoted(field)
+            setting = self._first(rf"(^\s*|[{{,]\s*|{q}{sep}){f}\s*=", start, self._next_header(start))
+            if setting is None:
+                setting = self._first(rf"^\s*\[\s*targets{sep}{q}{sep}{f}\s*\]", start)
+            if setting is not None:
+                return f"{self.path}:{setting + 1}"
         return f"{self.path}:{start + 1}"
+
+    def _next_header(self, after: int) -> int:
+        i = self._first(r"^\s*\[", after + 1)
+        return len(self.lines) if i is None else i
+
+
+def _quoted(name: str) -> str:
+    """A TOML key as written: bare, or in double or single quotes."""
+    return rf"[\"']?{re.escape(name)}[\"']?"
 
 
 def _line_in_message(msg: str) -> int | None:
