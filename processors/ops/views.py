@@ -182,7 +182,8 @@ class Trace:
 
 
 def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None) -> Trace:
-    events = sorted(history(key, db=db, cfg=cfg), key=lambda e: (e.at_ms, e.event_id))
+    # By time, then in the order recorded (a stable sort): event ids are random within a millisecond.
+    events = sorted(history(key, db=db, cfg=cfg), key=lambda e: e.at_ms)
     lines: list[TraceLine] = []
     effect: Effect | None = None
     settled_at: int | None = None

@@ -485,3 +485,32 @@ def test_resolve_does_not_turn_another_sqlite_file_into_a_ledger(tmp_path: Path)
     r = cli_process("resolve", key, "--db", other, "--absent", "--by", "a", "--reason", "r")
     assert r.returncode == 1 and r.stderr.startswith("effects: "), r.stderr
     assert _tables(other) == ["notes"], "resolve wrote the ledger schema into a file that is not a ledger"
+
+
+def test_trace_keeps_the_recorded_order_of_events_in_the_same_millisecond(tmp_path: Path) -> None:
+    """Event ids are random past their millisecond prefix: two events of one millisecond must keep
+    the order the ledger recorded them in (intent before its outcome), not the order of their ids."""
+    from effect_ledger.processors.ops import views
+    from effect_ledger.streams.keys import canonical_json, digest
+    from effect_ledger.streams.model import Executed, Intent, Outcome
+    from effect_ledger.streams.store import Durability, Store
+
+    path = tmp_path / "effects.db"
+    key = effect_key("payments", "refund.create", "run-1", "same-ms")
+    t = 1_800_000_000_000
+    body = canonical_json({"order": "1"})
+    intent = Intent("f" * 32, key, t, 1, "payments", "refund.create", "default", "run-1", "same-ms", body,
+                    digest(body), t + 10_000, "w")  # fmt: skip
+    outcome = Executed("0" * 32, key, t, 1, Outcome.UNKNOWN, "timed out", t, t, None, "w")
+
+    async def write() -> None:
+        store = await Store.open(str(path), Durability.NORMAL)
+        try:
+            effect = (await store.append(None, [intent], now_ms=t)).effect
+            await store.append(effect, [outcome], now_ms=t)
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+    lines = views.trace(key, db=str(path)).lines
+    assert [ln.state_after for ln in lines] == ["PENDING", "UNCERTAIN"]
