@@ -451,16 +451,22 @@ def resolve(
 @click.command()
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers")
 @click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix")
-@click.option("--to", "url", required=True, help="sqlite:///PATH of the table to maintain")
+@click.option(
+    "--to", "url", required=True, help="sqlite:///PATH or postgresql://[USER@]HOST[:PORT]/DB (the [postgres] extra)"
+)
 @click.option("--once", is_flag=True, help="catch up to the current end of effects.state, then exit")
-def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool) -> None:
-    """Materialise effects.state into a SQL table `effects` (indexed by state and update time), with
-    the consumed offsets in the same transaction: a restart neither loses nor doubles a row."""
+@click.option(
+    "--batch", type=click.IntRange(min=1), default=5000, show_default=True, help="records per transaction, at most"
+)
+def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool, batch: int) -> None:
+    """Materialise effects.state into a SQL table `effects` (indexed by state and update time) in
+    SQLite or PostgreSQL, with the consumed offsets in the same transaction: a restart neither
+    loses nor doubles a row."""
     from effect_ledger.processors.ops.sink import StateSink
 
     with user_errors():
         cfg = kafka_of(bootstrap, prefix)
-        s = StateSink(cfg, url)
+        s = StateSink(cfg, url, batch=batch)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -470,4 +476,4 @@ def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool) -> Non
         stats = s.stats
     finally:
         s.close()
-    click.echo(f"sink: {stats.records:,} state records in {stats.batches} batches -> {s.path}")
+    click.echo(f"sink: {stats.records:,} state records in {stats.batches} batches -> {s.describe}")
