@@ -254,9 +254,18 @@ def trace(key: str, db: str | None, bootstrap: str | None, prefix: str | None, a
 @source_options
 @click.option("--older-than", default="10m", show_default=True, help="how long counts as stuck")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines output")
-@click.option("--webhook", default=None, envvar="EFFECTS_WEBHOOK", help="POST the finding here when something is stuck")
 @click.option(
-    "--webhook-format", type=click.Choice(["slack", "pagerduty", "json"]), default="json", show_default=True
+    "--webhook",
+    default=None,
+    envvar="EFFECTS_WEBHOOK",
+    help="POST the finding here when something is stuck (env EFFECTS_WEBHOOK: keeps a secret URL out of ps)",
+)
+@click.option(
+    "--webhook-format",
+    type=click.Choice(["slack", "pagerduty", "json"]),
+    default="json",
+    show_default=True,
+    help="the body: Slack incoming webhook, PagerDuty Events v2 trigger, or the rows as JSON",
 )
 @click.option(
     "--routing-key", envvar="EFFECTS_PAGERDUTY_ROUTING_KEY", default=None, help="PagerDuty Events v2 routing key"
