@@ -29,7 +29,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,mcp,langgraph,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,mcp,langgraph,postgres,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -51,6 +51,7 @@ demo-kafka: venv
 	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
 
 test: venv venv-dbos
+	@bash scripts/install-postgres.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 
@@ -58,6 +59,7 @@ test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: venv
+	@bash scripts/install-postgres.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 test-crash: venv

@@ -29,6 +29,7 @@ err = Console(stderr=True, highlight=False)
 
 EXIT_ERROR = 1
 EXIT_FOUND = 3  # `stuck` found effects: page someone
+EXIT_PAGE_FAILED = 4  # `stuck --webhook` found effects and the page was not delivered
 
 
 def fail(message: str) -> None:
@@ -253,12 +254,53 @@ def trace(key: str, db: str | None, bootstrap: str | None, prefix: str | None, a
 @source_options
 @click.option("--older-than", default="10m", show_default=True, help="how long counts as stuck")
 @click.option("--json", "as_json", is_flag=True, help="JSON lines output")
-def stuck(db: str | None, bootstrap: str | None, prefix: str | None, older_than: str, as_json: bool) -> None:
+@click.option(
+    "--webhook",
+    default=None,
+    envvar="EFFECTS_WEBHOOK",
+    help="POST the finding here when something is stuck (env EFFECTS_WEBHOOK: keeps a secret URL out of ps)",
+)
+@click.option(
+    "--webhook-format",
+    type=click.Choice(["slack", "pagerduty", "json"]),
+    default="json",
+    show_default=True,
+    help="the body: Slack incoming webhook, PagerDuty Events v2 trigger, or the rows as JSON",
+)
+@click.option(
+    "--routing-key", envvar="EFFECTS_PAGERDUTY_ROUTING_KEY", default=None, help="PagerDuty Events v2 routing key"
+)
+@click.option(
+    "--webhook-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=300),
+    default=10.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="the whole post, redirects included (at most 300)",
+)
+def stuck(
+    db: str | None,
+    bootstrap: str | None,
+    prefix: str | None,
+    older_than: str,
+    as_json: bool,
+    webhook: str | None,
+    webhook_format: str,
+    routing_key: str | None,
+    webhook_timeout: float,
+) -> None:
     """Effects sitting in an intermediate state (PENDING, EXECUTED, UNCERTAIN, ESCALATED) longer
-    than --older-than. Exits 3 when there are any (for cron jobs and CI checks), 0 when none."""
+    than --older-than. Exits 3 when there are any (for cron jobs and CI checks), 0 when none.
+    With --webhook, a finding is also posted (Slack, PagerDuty Events v2 or plain JSON); a post
+    that fails is one line on stderr and exit 4."""
+    from effect_ledger.processors.ops import page
     from effect_ledger.processors.ops.views import stuck as find_stuck
 
     with user_errors():
+        if webhook is not None:
+            page.check_url(webhook)
+            if webhook_format == "pagerduty" and not routing_key:
+                raise ValueError("--webhook-format pagerduty needs --routing-key (or EFFECTS_PAGERDUTY_ROUTING_KEY)")
         cfg = None if db is not None else kafka_of(bootstrap, prefix)
         rows = find_stuck(duration_ms(older_than), db=db, cfg=cfg)
     if as_json:
@@ -276,6 +318,12 @@ def stuck(db: str | None, bootstrap: str | None, prefix: str | None, older_than:
             out.print(table)
         else:
             out.print(f"no effect stuck for longer than {older_than}")
+    if rows and webhook is not None:
+        try:
+            page.post(webhook, page.payload(rows, webhook_format, older_than, routing_key), webhook_timeout)
+        except page.PageError as e:
+            click.echo(f"effects: webhook not delivered: {e}", err=True)
+            sys.exit(EXIT_PAGE_FAILED)
     sys.exit(EXIT_FOUND if rows else 0)
 
 
@@ -451,16 +499,22 @@ def resolve(
 @click.command()
 @click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers")
 @click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix")
-@click.option("--to", "url", required=True, help="sqlite:///PATH of the table to maintain")
+@click.option(
+    "--to", "url", required=True, help="sqlite:///PATH or postgresql://[USER@]HOST[:PORT]/DB (the [postgres] extra)"
+)
 @click.option("--once", is_flag=True, help="catch up to the current end of effects.state, then exit")
-def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool) -> None:
-    """Materialise effects.state into a SQL table `effects` (indexed by state and update time), with
-    the consumed offsets in the same transaction: a restart neither loses nor doubles a row."""
+@click.option(
+    "--batch", type=click.IntRange(min=1), default=5000, show_default=True, help="records per transaction, at most"
+)
+def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool, batch: int) -> None:
+    """Materialise effects.state into a SQL table `effects` (indexed by state and update time) in
+    SQLite or PostgreSQL, with the consumed offsets in the same transaction: a restart neither
+    loses nor doubles a row."""
     from effect_ledger.processors.ops.sink import StateSink
 
     with user_errors():
         cfg = kafka_of(bootstrap, prefix)
-        s = StateSink(cfg, url)
+        s = StateSink(cfg, url, batch=batch)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -470,4 +524,4 @@ def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool) -> Non
         stats = s.stats
     finally:
         s.close()
-    click.echo(f"sink: {stats.records:,} state records in {stats.batches} batches -> {s.path}")
+    click.echo(f"sink: {stats.records:,} state records in {stats.batches} batches -> {s.describe}")

@@ -77,3 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if "crash" in parts:
             item.add_marker(pytest.mark.crash)
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A real PostgreSQL server in a temporary folder, started for this session and stopped after."""
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer()
+    try:
+        server.start()
+        yield server.url
+    finally:
+        server.stop()

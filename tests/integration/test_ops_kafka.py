@@ -365,8 +365,8 @@ def test_unreachable_broker_is_one_line(setup: Setup, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["postgresql://localhost/ops", "sqlite:///{tmp}/no-such-folder/ops.db"],
-    ids=["not sqlite", "missing folder"],
+    ["postgresql://127.0.0.1:1/ops", "sqlite:///{tmp}/no-such-folder/ops.db"],
+    ids=["postgres nobody listens on", "missing folder"],
 )
 def test_sink_to_a_bad_target_is_one_line(setup: Setup, tmp_path: Path, url: str) -> None:
     r = cli("sink", *setup.p, "--to", url.format(tmp=tmp_path), "--once")
