@@ -3,8 +3,9 @@
 The base install (``pip install effect-ledger-kafka``) is the embedded SDK and the operator CLI
 and imports no Kafka client. ``[kafka]`` adds Kafka mode for agents and the Kafka side of the
 CLI (confluent-kafka); ``[processor]`` adds the ledger processor (faust-streaming, aiokafka,
-rocksdict). Code that needs an extra imports it where it is used, so the base install never loads
-it; this module turns "not installed" into a ``MissingExtra`` naming what to install.
+rocksdict); ``[metrics]`` adds the Prometheus endpoints (prometheus-client). Code that needs
+an extra imports it where it is used, so the base install never loads it; this module turns "not
+installed" into a ``MissingExtra`` naming what to install.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ DISTRIBUTION = "effect-ledger-kafka"
 EXTRAS: dict[str, tuple[str, ...]] = {
     "kafka": ("confluent_kafka",),
     "processor": ("confluent_kafka", "faust", "aiokafka", "rocksdict"),
+    "metrics": ("prometheus_client",),
 }
 
 
