@@ -137,3 +137,34 @@ def test_metrics_port_without_the_extra_is_one_line_naming_it(
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and "[metrics]" in lines[0] and "--metrics-port" in lines[0], result.output
     assert not db.exists()  # refused before the ledger file is created
+
+
+def test_the_relay_counts_its_outbox_on_the_applications_registry(tmp_path: Path) -> None:
+    """Kafka unreachable: the three events of an executed effect wait in the outbox, and the
+    gauge on the application's own registry says so (read at scrape time, nothing per event)."""
+    pytest.importorskip("confluent_kafka", reason="the relay is in the [kafka] extra")
+    import asyncio
+
+    from prometheus_client import CollectorRegistry
+
+    from effect_ledger.streams.ledger import Ledger
+    from effect_ledger.streams.reconcile import Target
+
+    app_registry = CollectorRegistry()
+    metrics = LedgerMetrics(app_registry)
+
+    async def go() -> float | None:
+        ledger = await Ledger.open(
+            str(tmp_path / "a.db"), kafka="127.0.0.1:1", targets=[Target("payments")], metrics=metrics
+        )
+
+        async def call(key: str) -> dict[str, str]:
+            return {"id": "re_1"}
+
+        try:
+            await ledger.execute(target="payments", operation="o", run_id="r", step="s", request={}, call=call)
+            return app_registry.get_sample_value("effect_ledger_outbox_depth")
+        finally:
+            await ledger.close(relay_timeout=0.1)  # nothing can be sent: do not wait for it
+
+    assert asyncio.run(go()) == 3  # intent, executed, receipt
