@@ -54,7 +54,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "effect_ledger_resolutions_total": (
         "counter",
         ("verdict",),
-        "Reconciliation answers written, by verdict (CONFIRMED, ABSENT, UNKNOWN, ESCALATED)",
+        "Reconciliation answers written, by verdict (FOUND, ABSENT, UNKNOWN, ESCALATE)",
         "runner, reconcilers",
     ),
     "effect_ledger_detection_latency_seconds": (
