@@ -49,6 +49,35 @@ kafka_options = [
 ]
 
 
+def metrics_options(fn: Any) -> Any:
+    """``--metrics-port`` / ``--metrics-host``: serve Prometheus ``/metrics`` (the [metrics] extra)."""
+    fn = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        help="address /metrics listens on; anything but loopback exposes it to the network",
+    )(fn)
+    return click.option(
+        "--metrics-port", type=PORT, default=None, help="serve Prometheus /metrics on this port (needs [metrics])"
+    )(fn)
+
+
+def _metrics(port: int | None, host: str, feature: str) -> Any:
+    """The process's ``LedgerMetrics``, served on ``host:port``; ``None`` without a port. Checked
+    before anything else starts: a missing extra or a port in use is one line and exit 1."""
+    if port is None:
+        return None
+    from effect_ledger.streams.errors import LedgerError
+    from effect_ledger.streams.metrics import LedgerMetrics
+
+    try:
+        m = LedgerMetrics(feature=feature)
+        m.serve(port, host)
+    except LedgerError as e:
+        _fail(str(e))
+    return m
+
+
 def with_kafka(fn: Any) -> Any:
     for opt in reversed(kafka_options):
         fn = opt(fn)
@@ -176,21 +205,25 @@ def _targets(spec: str | None) -> dict[str, Any]:
 @target_options
 @click.option("--interval", type=POSITIVE_SECONDS, default=0.5, show_default=True, help="seconds between ticks")
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
+@metrics_options
 def run(
     db: str,
     targets_spec: str | None,
     interval: float,
     once: bool,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
     targets = list(_targets(targets_spec).values())
+    metrics = _metrics(metrics_port, metrics_host, "effects run --metrics-port")
     from effect_ledger.processors.runner import Runner
     from effect_ledger.streams.ledger import Ledger
 
 
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
-            runner = Runner(ledger, interval=interval)
+            runner = Runner(ledger, interval=interval, metrics=metrics)
             if once:
                 report = await runner.tick()
                 click.echo(json.dumps({"timed_out": report.timed_out, "reconciled": report.reconciled}))
@@ -234,6 +267,7 @@ def run(
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
+@metrics_options
 def worker(
     bootstrap: str | None,
     prefix: str | None,
@@ -246,6 +280,8 @@ def worker(
     advertised_url: str | None,
     app_id: str,
     loglevel: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """The ledger processor: fold effects.events into the table, publish effects.state and
     effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
@@ -273,7 +309,8 @@ def worker(
         ensure_topics(cfg)
     except (BrokerUnavailable, ConfigError, ValueError) as e:
         _fail(str(e))
-    run_worker(settings, loglevel=loglevel)
+    metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port")
+    run_worker(settings, loglevel=loglevel, metrics=metrics)
 
 
 @main.command()
@@ -282,12 +319,15 @@ def worker(
 @click.option(
     "--group", default="effect-ledger-reconcilers", show_default=True, help="consumer group (after the prefix)"
 )
+@metrics_options
 def reconcile(
     bootstrap: str | None,
     prefix: str | None,
     partitions: int | None,
     targets_spec: str | None,
     group: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
     Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
@@ -302,13 +342,14 @@ def reconcile(
         wait_ready(cfg, timeout=broker_wait(30))
     except BrokerUnavailable as e:
         _fail(str(e))
+    metrics = _metrics(metrics_port, metrics_host, "effects reconcile --metrics-port")
 
     async def go() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await ReconcileService(cfg, targets, group=group).run(stop)
+        await ReconcileService(cfg, targets, group=group, metrics=metrics).run(stop)
 
     asyncio.run(go())
 

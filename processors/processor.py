@@ -57,7 +57,7 @@ from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncert
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import TOKEN_ENV
-from effect_ledger.streams.model import State, is_event, misplaced
+from effect_ledger.streams.model import Executed, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Backoff
 
@@ -175,9 +175,10 @@ def is_loopback(host: str) -> bool:
 class LedgerProcessor:
     """Builds and holds the faust app. ``app`` is what ``faust.Worker`` runs."""
 
-    def __init__(self, settings: ProcessorSettings) -> None:
+    def __init__(self, settings: ProcessorSettings, metrics: Any = None) -> None:
         settings.check_web()
         self.s = settings
+        self.metrics = metrics  # a LedgerMetrics (effect_ledger.streams.metrics), or None
         self.codec = codec_mod.default_codec()
         k = settings.kafka
         topics = k.topics
@@ -324,6 +325,8 @@ class LedgerProcessor:
         except codec_mod.DecodeError as e:
             await self.dead_letter(msg, str(e))
             return
+        if self.metrics is not None:
+            self.metrics.events.labels(kind=type(ev).__name__).inc()
         why = misplaced(ev, decisions_topic=from_decisions)
         if why is not None:
             # Folded, a state record or a reconcilers' work item would be taken for a fact about
@@ -360,6 +363,8 @@ class LedgerProcessor:
                     partition=msg.partition,
                 )
             return
+        if self.metrics is not None:
+            self._observe(before, after, ev)
         due = due_of(after, self.s.backoff, self.s.first_check_ms)
         value = append_packed(previous, bytes(event.value), due)
         self.table[key] = value
@@ -382,6 +387,20 @@ class LedgerProcessor:
             await self.uncertain.send(
                 key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)], partition=part
             )
+
+    def _observe(self, before: Effect | None, after: Effect, ev: Any) -> None:
+        """Counters for one folded change (the effect is decoded already: nothing is read)."""
+        m = self.metrics
+        target = after.intent.target if after.intent else ""
+        was = before.state if before is not None else None
+        if isinstance(ev, Executed):
+            m.unrecorded_window.observe(max(0, ev.at_ms - ev.call_ended_ms) / 1000)
+        if after.state is State.UNCERTAIN and was is not State.UNCERTAIN and isinstance(ev, Timeout):
+            if before is not None and before.deadline_ms is not None:
+                m.detection_latency.observe(max(0, int(time.time() * 1000) - before.deadline_ms) / 1000)
+            m.uncertain.labels(target=target).inc()
+        if after.state is State.ESCALATED and was is not State.ESCALATED:
+            m.escalated.labels(target=target).inc()
 
     def _load(self, key: str, value: bytes | None = None) -> Effect | None:
         if value is None:
@@ -408,6 +427,8 @@ class LedgerProcessor:
         await self.dlq.send(
             key=dlq_key, value=self.codec.encode(dl), headers=[self.codec.header(dl)], partition=msg.partition
         )
+        if self.metrics is not None:
+            self.metrics.dead_letters.inc()
 
     # -- deadlines -------------------------------------------------------------------------
 
@@ -435,6 +456,8 @@ class LedgerProcessor:
             samples[1].append(int(hws.get(tp) or 0))
             if len(samples[0]) > 2000:  # keep a few minutes of ticks
                 del samples[0][:1000], samples[1][:1000]
+        if self.metrics is not None:
+            self._gauges(tps, hws, now)
         resend_after = 5000
         for key, (partition, due, sent) in list(self.index.items()):
             times, marks = self._hw_samples.get(partition, ([], []))
@@ -462,6 +485,17 @@ class LedgerProcessor:
                         key=kb, value=self.codec.encode(t), headers=[self.codec.header(t)], partition=partition
                     )
                 self.index[key] = (partition, due, now)
+
+    def _gauges(self, tps: list[TP], hws: dict[TP, int], now: int) -> None:
+        """Lag per partition from the high watermarks the timer fetched anyway; the open effects
+        and the most overdue from the deadline index (no table read)."""
+        m = self.metrics
+        for tp in tps:
+            lag = int(hws.get(tp) or 0) - self.folded_through(tp.partition) - 1
+            m.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, lag))
+        m.open_effects.set(len(self.index))
+        oldest = min((due for _p, due, _s in self.index.values()), default=None)
+        m.oldest_overdue.set(max(0, now - oldest - self.s.grace_ms) / 1000 if oldest is not None else 0)
 
     async def _highwaters(self, tps: list[TP]) -> dict[TP, int]:
         """The high watermarks the consumer learnt from its last fetch responses (no round trip:

@@ -58,8 +58,10 @@ class ReconcileService:
         group: str = "effect-ledger-reconcilers",
         batch: int = 100,
         concurrency: int = 32,
+        metrics: Any = None,
     ) -> None:
         self.cfg = cfg
+        self.metrics = metrics  # a LedgerMetrics, or None
         self.targets = dict(targets)
         self.codec = default_codec()
         self.stats = ServiceStats()
@@ -84,6 +86,8 @@ class ReconcileService:
         try:
             while not stop.is_set():
                 await self.run_once(timeout=0.5)
+                if self.metrics is not None:  # after an empty poll too: a lag that drained reads 0
+                    await asyncio.to_thread(self._record_lag)
         finally:
             await asyncio.to_thread(self._consumer.close)
 
@@ -107,7 +111,7 @@ class ReconcileService:
             letters = []
             for i, why in refused:
                 m, (_, _, record) = items[i]
-                self.stats.dead_letters += 1
+                self._count_dead_letter()
                 kind = type(record).__name__
                 log.warning("%s of %s[%s]@%s refused: %s", kind, m.topic(), m.partition(), m.offset(), why)
                 letters.append(self._dead_letter(m, f"cannot write the {kind} for this record: {why}"))
@@ -124,6 +128,18 @@ class ReconcileService:
         )
         self.stats.consumed += len(msgs)
         return len(msgs)
+
+    def _record_lag(self) -> None:
+        """Lag per assigned partition from the watermarks the consumer already holds (no round trip)."""
+        assigned = self._consumer.assignment()
+        for tp in self._consumer.position(assigned) if assigned else []:
+            try:
+                _low, high = self._consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if high < 0 or tp.offset < 0:
+                continue
+            self.metrics.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, high - tp.offset))
 
     def _produce(self, items: list[_Out]) -> list[tuple[int, str]]:
         """Produce every item and wait for the delivery reports (in a worker thread). Returns the
@@ -172,6 +188,11 @@ class ReconcileService:
             raise RuntimeError(f"records not acknowledged ({remaining} pending, errors: {failures[:3]})")
         return refused
 
+    def _count_dead_letter(self) -> None:
+        self.stats.dead_letters += 1
+        if self.metrics is not None:
+            self.metrics.dead_letters.inc()
+
     def _dead_letter(self, m: Message, reason: str) -> _Out:
         where = (str(m.topic()), int(m.partition() or 0), int(m.offset() or 0))
         dl, key = dead_letter(_now(), "reconcilers", *where, reason, m.key(), m.value())
@@ -183,17 +204,17 @@ class ReconcileService:
         try:
             u = self.codec.decode(m.value())
         except DecodeError as e:
-            self.stats.dead_letters += 1
+            self._count_dead_letter()
             return self._dead_letter(m, str(e))
         if not isinstance(u, UncertainEffect):
-            self.stats.dead_letters += 1
+            self._count_dead_letter()
             why = f"{type(u).__name__} on the uncertain topic: only UncertainEffect belongs there"
             return self._dead_letter(m, why)
         try:
             resolution = await self._resolve(u)
         except Exception as e:  # a bug or a poisoned record: never a reason to stop the partition
             log.exception("cannot reconcile %s[%s]@%s", m.topic(), m.partition(), m.offset())
-            self.stats.dead_letters += 1
+            self._count_dead_letter()
             return self._dead_letter(m, f"cannot reconcile: {type(e).__name__}: {e}")
         if resolution is None:
             return None
@@ -223,6 +244,8 @@ class ReconcileService:
             answer = None
         resolution = judge(v, target, answer, name, _now())
         self.stats.resolutions[resolution.verdict.value] = self.stats.resolutions.get(resolution.verdict.value, 0) + 1
+        if self.metrics is not None:
+            self.metrics.resolutions.labels(verdict=resolution.verdict.value).inc()
         log.info("%s attempt %d: %s (%s)", u.effect_id, u.attempt, resolution.verdict.value, resolution.reason[:500])
         return resolution
 

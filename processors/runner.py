@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.ledger import Ledger
@@ -34,18 +35,32 @@ class Runner:
     before it fires: the call's own timeout ends it at the deadline, the grace covers the time to
     record its outcome."""
 
-    def __init__(self, ledger: Ledger, *, interval: float = 0.5, grace_ms: int = 1000, batch: int = 500) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        interval: float = 0.5,
+        grace_ms: int = 1000,
+        batch: int = 500,
+        metrics: Any = None,
+        metrics_every: float = 5.0,
+    ) -> None:
         self.ledger = ledger
         self.interval = interval
         self.grace_ms = grace_ms
         self.batch = batch
+        # A LedgerMetrics (effect_ledger.streams.metrics): counters move where the runner already
+        # handles the effect; the gauges are one GROUP BY every ``metrics_every`` seconds.
+        self.metrics = metrics
+        self.metrics_every = metrics_every
+        self._gauges_at: float | None = None
 
     async def tick(self) -> TickReport:
         report = TickReport()
         store = self.ledger.store
         now = self.ledger.now_ms()
         due = await store.query(
-            "SELECT effect_id FROM effects WHERE state IN ('PENDING', 'EXECUTED') AND deadline_ms <= ? "
+            "SELECT effect_id, deadline_ms FROM effects WHERE state IN ('PENDING', 'EXECUTED') AND deadline_ms <= ? "
             "ORDER BY deadline_ms LIMIT ?",
             (now - self.grace_ms, self.batch),
         )
@@ -54,6 +69,10 @@ class Runner:
             after = await self.ledger.expire(key)
             if after is not None and after.state is State.UNCERTAIN:
                 report.timed_out.append(key)
+                if self.metrics is not None:
+                    self.metrics.uncertain.labels(target=_target(after, key)).inc()
+                    deadline = row["deadline_ms"]
+                    self.metrics.detection_latency.observe(max(0, self.ledger.now_ms() - deadline) / 1000)
         uncertain = await store.query(
             "SELECT effect_id, check_tries FROM effects WHERE state = 'UNCERTAIN' "
             "AND (next_check_ms IS NULL OR next_check_ms <= ?) ORDER BY updated_ms LIMIT ?",
@@ -76,12 +95,41 @@ class Runner:
             if after is None:
                 continue
             report.reconciled[key] = after.state.value
+            if self.metrics is not None:
+                self.metrics.resolutions.labels(verdict=_verdict(after)).inc()
+                if after.state is State.ESCALATED:
+                    self.metrics.escalated.labels(target=name).inc()
             if after.state is State.UNCERTAIN:
                 tries = row["check_tries"] + 1
                 await store.set_backoff(key, tries, self.ledger.now_ms() + target.backoff.delay_ms(tries))
+        if self.metrics is not None:
+            await self._refresh_gauges(now)
         if report:
             log.info("tick: %d timed out, %d reconciled", len(report.timed_out), len(report.reconciled))
         return report
+
+    async def _refresh_gauges(self, now: int) -> None:
+        """Effects by state and target, the open ones and the most overdue: read from the
+        ``effects`` table at most every ``metrics_every`` seconds."""
+        clock = asyncio.get_running_loop().time()
+        if self._gauges_at is not None and clock - self._gauges_at < self.metrics_every:
+            return
+        self._gauges_at = clock
+        m = self.metrics
+        rows = await self.ledger.store.query("SELECT state, target, COUNT(*) AS n FROM effects GROUP BY state, target")
+        m.effects.clear()  # a (state, target) pair that emptied must read 0, not its last count
+        open_ = 0
+        for r in rows:
+            m.effects.labels(state=r["state"], target=r["target"]).set(r["n"])
+            if r["state"] in ("PENDING", "EXECUTED", "UNCERTAIN"):
+                open_ += r["n"]
+        m.open_effects.set(open_)
+        overdue = await self.ledger.store.query(
+            "SELECT MIN(CASE WHEN state = 'UNCERTAIN' THEN COALESCE(next_check_ms, updated_ms) "
+            "ELSE deadline_ms END) AS due FROM effects WHERE state IN ('PENDING', 'EXECUTED', 'UNCERTAIN')"
+        )
+        due = overdue[0]["due"] if overdue else None
+        m.oldest_overdue.set(max(0, now - due) / 1000 if due is not None else 0)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Tick every ``interval`` seconds until ``stop`` is set (or the task is cancelled)."""
@@ -95,6 +143,15 @@ class Runner:
                 await asyncio.wait_for(stop.wait(), self.interval)
             except TimeoutError:
                 pass
+
+
+def _target(effect: Effect, key: str) -> str:
+    return effect.intent.target if effect.intent else key.split(":", 1)[0]
+
+
+def _verdict(effect: Effect) -> str:
+    resolutions = effect.resolutions
+    return resolutions[-1].verdict.value if resolutions else effect.state.value
 
 
 def _retention_end(effect: Effect, target: Target) -> int | None:

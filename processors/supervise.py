@@ -88,8 +88,10 @@ class Processor(Service):
         store: str = "rocksdb://",
         web_host: str = "127.0.0.1",
         token: str | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.metrics_port = metrics_port  # serve Prometheus /metrics there (the [metrics] extra)
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = cfg
         self.token = token
@@ -112,6 +114,7 @@ class Processor(Service):
                 store,
                 "--loglevel",
                 "info",
+                *(["--metrics-port", str(metrics_port)] if metrics_port else []),
             ],
             data_dir.parent / f"worker-{self.port}.log",
             env={TOKEN_ENV: token} if token else None,

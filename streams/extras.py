@@ -3,9 +3,10 @@
 The base install (``pip install effect-ledger-kafka``) is the embedded SDK and the operator CLI
 and imports no Kafka client. ``[kafka]`` adds Kafka mode for agents and the Kafka side of the
 CLI (confluent-kafka); ``[processor]`` adds the ledger processor (faust-streaming, aiokafka,
-rocksdict); ``[postgres]`` adds the PostgreSQL sink (psycopg). Code that needs an extra imports
-it where it is used, so the base install never loads it; this module turns "not installed" into a
-``MissingExtra`` naming what to install.
+rocksdict); ``[postgres]`` adds the PostgreSQL sink (psycopg); ``[metrics]`` adds the Prometheus
+endpoints (prometheus-client). Code that needs an extra imports it where it is used, so the base
+install never loads it; this module turns "not installed" into a ``MissingExtra`` naming what to
+install.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "kafka": ("confluent_kafka",),
     "processor": ("confluent_kafka", "faust", "aiokafka", "rocksdict"),
     "postgres": ("psycopg",),  # `effects sink --to postgresql://...`
+    "metrics": ("prometheus_client",),
 }
 
 

@@ -189,6 +189,7 @@ class Ledger:
         self._sync = False
         self._sync_timeout = 10.0
         self._lookup: ProcessorLookup | None = None
+        self._metrics_server: Any = None  # Ledger.open(metrics_port=...): shut down by close
 
     @classmethod
     async def open(
@@ -205,6 +206,8 @@ class Ledger:
         sync_timeout: float = 10.0,
         lookup: str | None = None,
         lookup_token: str | None = None,
+        metrics: Any = None,
+        metrics_port: int | None = None,
     ) -> Ledger:
         """Open (or create) the ledger file.
 
@@ -225,19 +228,32 @@ class Ledger:
         ``lookup_token`` is the processor's lookup token (``effects worker --web-token``), by default
         ``$EFFECTS_WEB_TOKEN``. Kafka mode needs the ``[kafka]`` extra (confluent-kafka): without
         it, ``MissingExtra`` is raised before the file is opened.
+
+        Metrics (the ``[metrics]`` extra): ``metrics`` is an
+        ``effect_ledger.streams.metrics.LedgerMetrics`` the relay updates (outbox depth, dead
+        letters) on the application's own registry, to serve as it likes; ``metrics_port`` serves
+        one on ``127.0.0.1:PORT/metrics`` until ``close``.
         """
         declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
         if kafka is not None:
             require("kafka", "Ledger.open(kafka=...)")  # likewise a missing Kafka client
+        server = None
+        if metrics_port is not None:
+            from effect_ledger.streams.metrics import LedgerMetrics
+
+            if metrics is None:
+                metrics = LedgerMetrics(feature="Ledger.open(metrics_port=...)")
+            server = metrics.serve(metrics_port)
         store = await Store.open(path, Durability(durability))
         ledger = cls(store, clock, default_timeout, namespace)
+        ledger._metrics_server = server
         for t in declared:
             ledger.register(t)
         if kafka is not None:
             from effect_ledger.streams.relay import Relay
 
             cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
-            ledger._relay = Relay(store, cfg)
+            ledger._relay = Relay(store, cfg, metrics=metrics)
             ledger._relay.start()
         ledger._sync = sync
         ledger._sync_timeout = sync_timeout
@@ -258,6 +274,10 @@ class Ledger:
         acknowledged stay in the outbox for the next start, or ``effects relay --db``), then
         close the file."""
         self._local.open = False  # from now on its claims are held by their leases alone
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+            self._metrics_server = None
         if self._relay is not None:
             await self._relay.stop(relay_timeout)
         if self._lookup is not None:

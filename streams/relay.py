@@ -104,7 +104,9 @@ class _Produced:
 class Relay:
     """Runs as a task in the agent's event loop (``start``), or drains a file (``drain``)."""
 
-    def __init__(self, store: Store, cfg: KafkaConfig, *, batch: int = 10_000, **producer: Any) -> None:
+    def __init__(
+        self, store: Store, cfg: KafkaConfig, *, batch: int = 10_000, metrics: Any = None, **producer: Any
+    ) -> None:
         self.store = store
         self.cfg = cfg
         self.topic = cfg.topics.events
@@ -123,7 +125,15 @@ class Relay:
         self._dead: dict[int, str] = {}  # dead-lettered seqs above the watermark at start: why
         self._acked = asyncio.Condition()
         self._headers: dict[str, list[tuple[str, str | bytes | None]]] = {}
-        store.add_listener(lambda seq: self._wake.set())
+        self._appended_through = 0  # the newest seq this relay saw appended (or found at start)
+        store.add_listener(self._appended)
+        self.metrics = metrics  # a LedgerMetrics: the outbox depth is read at scrape time, free here
+        if metrics is not None:
+            metrics.outbox_depth.set_function(lambda: max(0, self._appended_through - self._acked_through))
+
+    def _appended(self, seq: int) -> None:
+        self._appended_through = max(self._appended_through, seq)
+        self._wake.set()
 
     async def _init_watermark(self) -> None:
         """Advance the watermark to what the file says is on Kafka (or dead-lettered, by any relay
@@ -132,6 +142,7 @@ class Relay:
             "SELECT min(seq) AS lo, (SELECT max(seq) FROM events) AS hi FROM events WHERE sent = 0"
         )
         lo, hi = rows[0]["lo"], rows[0]["hi"]
+        self._appended_through = max(self._appended_through, hi or 0)
         through = (lo - 1) if lo is not None else (hi or 0)
         if through > self._acked_through:
             dead = await self.store.query(
@@ -340,6 +351,8 @@ class Relay:
         await self.store.mark_dead(refused, _now_ms())
         self._dead.update(refused)
         self.stats.dead_letters += len(refused)
+        if self.metrics is not None:
+            self.metrics.dead_letters.inc(len(refused))
 
     def _produce_dead_letters(self, letters: list[tuple[str, DeadLetter]]) -> None:
         codec = default_codec()

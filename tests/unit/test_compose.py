@@ -293,13 +293,13 @@ def test_processor_healthcheck_asks_the_lookup_view(
 
 def test_image_installs_the_built_wheel() -> None:
     """Two stages: one builds the wheel from the tree, the other installs that wheel with the
-    [processor] extra; the source tree itself is never installed."""
+    [processor,metrics] extras; the source tree itself is never installed."""
     text = (ROOT / "Dockerfile").read_text()
     lines = [ln.strip() for ln in re.sub(r"\\\n", " ", text).splitlines() if ln.strip() and not ln.startswith("#")]
     assert len([ln for ln in lines if ln.startswith("FROM ")]) == 2
     assert any(re.search(r"pip wheel .*--no-deps.* \.$", ln) for ln in lines), "the first stage builds the wheel"
     installs = [ln for ln in lines if "pip install" in ln]
-    assert installs and all(".whl" in ln and "[processor]" in ln for ln in installs), installs
+    assert installs and all(".whl" in ln and "[processor,metrics]" in ln for ln in installs), installs
     assert not any(re.search(r"pip install[^|&]*(\s-e\s|\s\.(\s|$))", ln) for ln in lines)
     # The first stage copies everything the wheel is built from.
     copied = {ln.split()[1] for ln in lines if ln.startswith("COPY ") and "--from" not in ln}
