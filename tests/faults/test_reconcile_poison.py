@@ -102,6 +102,13 @@ def test_reconcilers_survive_oversized_records_and_answers(
     res = ConfigResource(ResourceType.TOPIC, cfg.topics.uncertain, incremental_configs=[limit])
     for f in admin.incremental_alter_configs([res]).values():
         f.result(30)
+
+    def limit_applied() -> bool:  # the broker applies a topic's config shortly after the controller took it
+        described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, cfg.topics.uncertain)])
+        entries = next(iter(described.values())).result(10)
+        return entries["max.message.bytes"].value == "4000000"
+
+    wait_for(limit_applied, 30, "the topic's raised max.message.bytes to be applied")
     p = Producer(cfg.confluent(**{"message.max.bytes": 4_000_000, "acks": "all"}))
     normal = f"payments:normal-{uuid.uuid4().hex[:4]}"
     records = [
