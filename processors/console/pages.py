@@ -62,9 +62,10 @@ def window_form(action: str, q: Query | None, params: dict[str, str], *, filters
 
 
 def _counts(title: str, counts: dict[str, int], param: str, q: Query) -> str:
+    cls = "st st-{}" if param == "state" else "tgt"
     items = "".join(
         f'<li><a href="/?{urlencode({"from": q.from_text, "to": q.to_text, param: k})}">'
-        f'<span class="st st-{escape(k)}">{escape(k)}</span></a> <b>{n:,}</b></li>'
+        f'<span class="{cls.format(escape(k))}">{escape(k)}</span></a> <b>{n:,}</b></li>'
         for k, n in sorted(counts.items())
     )
     return f'<div class="counts" id="counts-{param}"><h3>{escape(title)}</h3><ul>{items or "<li>none</li>"}</ul></div>'
@@ -157,6 +158,7 @@ def trace_page(t: Trace) -> str:
         f"time in an intermediate state: {inter}</p>"
         f"{svg.timeline(t)}"
         '<p class="legend-line"><span class="legend"><i class="intermediate"></i>intermediate</span>'
+        '<span class="legend"><i class="call"></i>call</span>'
         '<span class="legend"><i class="unrecorded"></i>sent but unrecorded</span></p>'
         '<table id="timeline"><thead><tr><th>#</th><th>time (UTC)</th><th>+s</th><th>event</th><th>source</th>'
         f"<th>state after</th></tr></thead><tbody>{rows}</tbody></table>"

@@ -36,7 +36,7 @@ def state_chart(chart: Chart, width: int = 900, height: int = 220) -> str:
         f'<text x="0" y="12" class="axis">{top}</text><text x="0" y="{plot_h + 10}" class="axis">0</text>',
     ]
     for i, bucket in enumerate(chart.buckets):
-        y = plot_h + 10
+        y: float = plot_h + 10
         for st in State:
             count = bucket.get(st.value, 0)
             if not count:
@@ -62,42 +62,53 @@ def legend() -> str:
 
 
 def timeline(t: Trace, width: int = 900) -> str:
-    """Every event as a tick on one time axis; the time in an intermediate state as a bar; each
-    execution's sent-but-unrecorded window (call end -> durable record) as a red bar."""
+    """Every event as a numbered tick on one time axis, with the time spent in an intermediate state
+    as a bar; below it, each execution on its own scale: the call (blue) and its sent-but-unrecorded
+    window (red: the call had ended, nothing was durable yet)."""
     if not t.lines:
         return ""
     t0, t1 = t.lines[0].at_ms, t.lines[-1].at_ms
     span = max(1, t1 - t0)
     left, right = 10, width - 10
+    execs = [e for e in (t.effect.facts if t.effect else ()) if isinstance(e, Executed)]
+    height = 96 + 30 * len(execs)
 
     def x(ms: int) -> float:
         return left + (min(max(ms, t0), t1) - t0) * (right - left) / span
 
     parts = [
-        f'<svg class="timeline" role="img" aria-label="timeline" viewBox="0 0 {width} 110" width="{width}" '
-        'height="110">',
-        f'<line x1="{left}" y1="40" x2="{right}" y2="40" class="axis-line"/>',
+        f'<svg class="timeline" role="img" aria-label="timeline" viewBox="0 0 {width} {height}" width="{width}" '
+        f'height="{height}">',
+        f'<line x1="{left}" y1="44" x2="{right}" y2="44" class="axis-line"/>',
     ]
     if t.intermediate_ms is not None:
         end = t0 + t.intermediate_ms
         parts.append(
-            f'<rect x="{x(t0):.1f}" y="50" width="{max(2.0, x(end) - x(t0)):.1f}" height="10" class="intermediate">'
+            f'<rect x="{x(t0):.1f}" y="52" width="{max(3.0, x(end) - x(t0)):.1f}" height="8" class="intermediate">'
             f"<title>in an intermediate state: {t.intermediate_ms} ms</title></rect>"
         )
-    for e in t.effect.facts if t.effect else ():
-        if isinstance(e, Executed):
-            w = max(0, e.at_ms - e.call_ended_ms)
-            parts.append(
-                f'<rect x="{x(e.call_ended_ms):.1f}" y="66" width="{max(3.0, x(e.at_ms) - x(e.call_ended_ms)):.1f}" '
-                f'height="12" class="unrecorded"><title>sent but unrecorded: {w} ms</title></rect>'
-            )
     for i, ln in enumerate(t.lines):
         parts.append(
-            f'<line x1="{x(ln.at_ms):.1f}" y1="30" x2="{x(ln.at_ms):.1f}" y2="50" class="tick"/>'
-            f'<text x="{x(ln.at_ms):.1f}" y="{22 - 10 * (i % 2)}" class="axis">{i + 1}</text>'
+            f'<line x1="{x(ln.at_ms):.1f}" y1="36" x2="{x(ln.at_ms):.1f}" y2="52" class="tick"/>'
+            f'<text x="{x(ln.at_ms):.1f}" y="{30 - 10 * (i % 3)}" class="axis" text-anchor="middle">{i + 1}</text>'
         )
     parts.append(
-        f'<text x="{left}" y="100" class="axis">{iso(t0)}</text>'
-        f'<text x="{right}" y="100" class="axis" text-anchor="end">+{(t1 - t0) / 1000:.3f} s</text></svg>'
+        f'<text x="{left}" y="76" class="axis">{iso(t0)}</text>'
+        f'<text x="{right}" y="76" class="axis" text-anchor="end">+{(t1 - t0) / 1000:.3f} s</text>'
     )
+    bar_left, bar_w = 230, right - 230
+    for n, e in enumerate(execs):
+        y = 92 + 30 * n
+        call = max(0, e.call_ended_ms - e.call_started_ms)
+        gap = max(0, e.at_ms - e.call_ended_ms)
+        whole = max(1, call + gap)
+        cw, gw = call * bar_w / whole, max(3.0, gap * bar_w / whole)
+        parts.append(
+            f'<text x="{left}" y="{y + 10}" class="axis">attempt {e.attempt}: call {call} ms, unrecorded {gap} ms'
+            f'</text><rect x="{bar_left}" y="{y}" width="{cw:.1f}" height="12" class="call">'
+            f"<title>call: {call} ms</title></rect>"
+            f'<rect x="{bar_left + cw:.1f}" y="{y}" width="{gw:.1f}" height="12" class="unrecorded">'
+            f"<title>sent but unrecorded: {gap} ms</title></rect>"
+        )
+    parts.append("</svg>")
     return "".join(parts)

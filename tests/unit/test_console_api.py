@@ -98,7 +98,10 @@ def test_stuck_escalations_and_trace(url: str, ledger: ConsoleLedger) -> None:
     d = get_json(url, "/api/stuck?older_than=10m")
     assert {r["effect_id"] for r in d["stuck"]} == set(ledger.incident.stuck) | {ledger.escalated, ledger.in_flight}
     queue = {e["effect_id"]: e["answers"] for e in d["escalations"]}
-    assert queue[ledger.escalated] == ["http:gw: UNKNOWN (gateway answered 503)", "http:gw: ESCALATE (no answer after 5 tries)"]
+    assert queue[ledger.escalated] == [
+        "http:gw: UNKNOWN (gateway answered 503)",
+        "http:gw: ESCALATE (no answer after 5 tries)",
+    ]
     t = get_json(url, "/api/trace/" + urllib.parse.quote(ledger.incident.doubled[0], safe=""))
     assert t["sent_unrecorded_ms"] == [2, 2] and "DUPLICATE_EXECUTION" in " ".join(t["flags"]).upper()
     status, text = call(url, "/api/trace/nobody")
@@ -207,7 +210,8 @@ def test_a_decision_with_basic_auth_records_the_user(tmp_path: Path) -> None:
         assert status == 200 and "recorded by alice" in json.loads(text)["recorded"]
         t = get_json(base, "/api/trace/" + urllib.parse.quote(led.escalated, safe=""))
     assert t["state"] == "ABANDONED"
-    assert t["events"][-1]["source"].startswith("person:alice") and "customer refunded by hand" in t["events"][-1]["event"]
+    last = t["events"][-1]
+    assert last["source"].startswith("person:alice") and "customer refunded by hand" in last["event"]
 
 
 # -- where it listens -----------------------------------------------------------------------------------
