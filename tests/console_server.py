@@ -16,15 +16,17 @@ from effect_ledger.processors.console.source import Source
 
 
 @contextmanager
-def serve(db: str, credentials: Credentials, *, guard_reads: bool = False) -> Iterator[str]:
-    """Serve the console over ``db`` on 127.0.0.1 (a free port); yields its base URL. ``guard_reads``:
-    as when it listens beyond loopback."""
+def serve(db: str | Source, credentials: Credentials, *, guard_reads: bool = False) -> Iterator[str]:
+    """Serve the console over ``db`` (a ledger file, or any ``Source``) on 127.0.0.1 (a free port);
+    yields its base URL. ``guard_reads``: as when it listens beyond loopback."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     box: dict[str, object] = {}
 
     async def start() -> web.AppRunner:
-        runner = web.AppRunner(make_app(Source(db=db), credentials, guard_reads=guard_reads))
+        runner = web.AppRunner(make_app(
+            db if isinstance(db, Source) else Source(db=db), credentials, guard_reads=guard_reads
+        ))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
