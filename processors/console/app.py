@@ -237,6 +237,10 @@ async def api_audit(request: web.Request) -> web.Response:
 async def api_resolve(request: web.Request) -> web.Response:
     auth = request.headers.get("Authorization")
     request.app[CREDENTIALS].identity(auth)  # 401 before the body is even read
+    if request.content_type != "application/json":
+        # A page elsewhere can post a form or text/plain here with credentials the browser has
+        # cached (basic auth beyond loopback), but not application/json without asking first (CORS).
+        raise BadInput("the body must be application/json")
     try:
         body = await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):

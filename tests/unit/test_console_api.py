@@ -192,6 +192,15 @@ def test_an_incomplete_decision_is_a_400(url: str, ledger: ConsoleLedger, body: 
     assert written(ledger.path) == before
 
 
+def test_a_decision_must_be_posted_as_json(url: str, ledger: ConsoleLedger) -> None:
+    """A cross-site form (or text/plain) cannot carry a browser's cached credentials into a decision."""
+    before = written(ledger.path)
+    body = {"key": ledger.escalated, "decision": "ABANDONED", "reason": "r", "by": "bob"}
+    status, text = call(url, "/api/resolve", body, basic("alice", "wonderland"), form=True)
+    assert status == 400 and "application/json" in json.loads(text)["error"]
+    assert written(ledger.path) == before
+
+
 def test_a_read_only_console_refuses_every_decision(ledger: ConsoleLedger) -> None:
     before = written(ledger.path)
     with serve(str(ledger.path), Credentials()) as base:
