@@ -98,7 +98,7 @@ def _form_params(request: web.Request) -> dict[str, str]:
 
 
 async def _bad_input_page(request: web.Request, title: str, action: str, filters: bool, e: BadInput) -> web.Response:
-    body = pages.window_form(action, None, _form_params(request), filters=filters)
+    body = pages.window_form(action, None, _form_params(request), filters=filters, window=action != "/stuck")
     return _page(request, title, body, 400, str(e))
 
 

@@ -36,14 +36,14 @@ def _field(name: str, label: str, value: str, hint: str = "") -> str:
     )
 
 
-def window_form(action: str, q: Query | None, params: dict[str, str], *, filters: bool) -> str:
-    """The window (and filter) form; on a bad request it keeps what the person typed."""
+def window_form(action: str, q: Query | None, params: dict[str, str], *, filters: bool, window: bool = True) -> str:
+    """The window (and filter) form; on a bad request it keeps what the person typed. The stuck
+    page has no window (``window=False``): only how long counts as stuck."""
     get = params.get
-    parts = [
-        f'<form class="filters" method="get" action="{action}">',
-        _field("from", "from", get("from", q.from_text if q else DEFAULT_FROM), "-1h, ISO time, epoch ms"),
-        _field("to", "to", get("to", q.to_text if q else DEFAULT_TO), "now"),
-    ]
+    parts = [f'<form class="filters" method="get" action="{action}">']
+    if window:
+        parts.append(_field("from", "from", get("from", q.from_text if q else DEFAULT_FROM), "-1h, ISO time, epoch ms"))
+        parts.append(_field("to", "to", get("to", q.to_text if q else DEFAULT_TO), "now"))
     if filters:
         chosen = set(q.states) if q else {s.strip().upper() for s in get("state", "").split(",")}
         parts.append('<fieldset class="states">')
@@ -131,7 +131,7 @@ def stuck_page(q: Query, rows: list[Row], queue: list[Escalation], now_ms: int, 
             "</div>"
         )
     return (
-        window_form("/stuck", q, params, filters=False)
+        window_form("/stuck", q, params, filters=False, window=False)
         + f'<h2>{len(rows)} stuck for longer than {escape(q.stuck_text)}</h2>'
         + _rows_table(rows, "stuck", q.stuck_ms, now_ms)
         + f'<h2 id="queue">escalation queue: {len(queue)}</h2>'
