@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults bench lint wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults test-browser bench lint wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -19,6 +19,7 @@ help:
 	@echo "make test-integration   integration tests (real Kafka)"
 	@echo "make test-crash         crash suite (kills real child processes)"
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
+	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make lint               ruff and mypy"
 	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
@@ -52,6 +53,7 @@ demo-kafka: venv
 
 test: venv venv-dbos
 	@bash scripts/install-postgres.sh
+	@bash scripts/install-browser.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 
@@ -67,6 +69,11 @@ test-crash: venv
 
 test-faults: venv
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/faults $(PYTEST_ARGS)
+
+# The console's browser test: Debian's chromium and chromium-driver, installed when missing (as root).
+test-browser: venv
+	@bash scripts/install-browser.sh
+	@$(PY) -m pytest tests/browser $(PYTEST_ARGS)
 
 bench: venv
 	@bash scripts/with-kafka.sh $(PY) -m tests.bench $(BENCH_ARGS)

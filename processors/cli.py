@@ -393,12 +393,14 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
 
 def _register_ops() -> None:
     from effect_ledger.processors.cli_assess import assess_command
+    from effect_ledger.processors.cli_console import console_command
     from effect_ledger.processors.cli_mcp import mcp_proxy
     from effect_ledger.processors.cli_ops import register
 
     register(main)
     main.add_command(mcp_proxy)
     main.add_command(assess_command)
+    main.add_command(console_command)
 
 
 _register_ops()

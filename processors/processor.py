@@ -38,7 +38,6 @@ import asyncio
 import base64
 import bisect
 import hmac
-import ipaddress
 import logging
 import struct
 import time
@@ -51,7 +50,7 @@ from faust.types import TP
 from faust.web import Request, Response, View
 
 from effect_ledger.streams import codec as codec_mod
-from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
 from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncertain_event
 from effect_ledger.streams.errors import ConfigError
@@ -159,17 +158,6 @@ class ProcessorSettings:
                 f"the lookup view would listen on {self.web_host}, beyond loopback, without a token: "
                 f"set --web-token or {TOKEN_ENV}, or listen on 127.0.0.1"
             )
-
-
-def is_loopback(host: str) -> bool:
-    """127.0.0.0/8, ::1 or "localhost"; anything else (0.0.0.0, ::, an interface address, another
-    name) reaches beyond this machine."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class LedgerProcessor:

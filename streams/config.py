@@ -16,6 +16,7 @@ Each setting can come from the environment:
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
@@ -124,3 +125,15 @@ def operator_identity(cfg: KafkaConfig | None = None) -> str:
     except (OSError, KeyError):  # no login name and no passwd entry (some containers)
         user = f"uid{os.getuid()}"
     return f"os:{user}@{socket.gethostname()}"
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or "localhost"; anything else (0.0.0.0, ::, an interface address, another
+    name) reaches beyond this machine. Shared by every server that refuses to listen beyond
+    loopback without credentials (the worker's lookup view, the console)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

@@ -77,11 +77,11 @@ class Row:
     reason: str | None
 
 
-def _row_of_sql(r: sqlite3.Row) -> Row:
+def row_of_sql(r: sqlite3.Row) -> Row:
     return Row(*(r[f] for f in Row.__dataclass_fields__))
 
 
-def _row_of_state(s: EffectState) -> Row:
+def row_of_state(s: EffectState) -> Row:
     return Row(s.effect_id, s.state.value, s.target, s.operation, s.attempt, s.created_ms, s.updated_ms, s.reason)
 
 
@@ -99,10 +99,10 @@ def stuck(
                 "ORDER BY created_ms",
                 (*states, cutoff),
             ).fetchall()
-        return [_row_of_sql(r) for r in rows]
+        return [row_of_sql(r) for r in rows]
     assert cfg is not None
     found = [s for s in latest_states(cfg).values() if s.state in INTERMEDIATE and s.created_ms < cutoff]
-    return [_row_of_state(s) for s in sorted(found, key=lambda s: s.created_ms)]
+    return [row_of_state(s) for s in sorted(found, key=lambda s: s.created_ms)]
 
 
 @dataclass
@@ -117,11 +117,11 @@ def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> lis
     if db is not None:
         with ledger_file(db) as conn:
             rows = conn.execute("SELECT * FROM effects WHERE state = 'ESCALATED' ORDER BY created_ms").fetchall()
-        base = {r["effect_id"]: _row_of_sql(r) for r in rows}
+        base = {r["effect_id"]: row_of_sql(r) for r in rows}
         records: Iterable[Event] = (r.event for r in db_events(db) if r.event and r.event.effect_id in base)
     else:
         assert cfg is not None
-        base = {k: _row_of_state(s) for k, s in latest_states(cfg).items() if s.state is State.ESCALATED}
+        base = {k: row_of_state(s) for k, s in latest_states(cfg).items() if s.state is State.ESCALATED}
         records = (r.event for r in replay_events(cfg, None) if r.event and r.event.effect_id in base) if base else ()
     out = {k: Escalation(row, row.attempt) for k, row in base.items()}
     for e in records:
