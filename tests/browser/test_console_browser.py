@@ -3,10 +3,14 @@
 
 Over a real ledger file with known contents (``tests/console_ledger.py``): load the effects page,
 filter a window, open a trace, resolve an escalation without credentials (refused, nothing written)
-and with them (recorded, the operator shown). Each page is saved to ``docs/screenshots/``."""
+and with them (recorded, the operator shown). Each page is saved as a PNG to ``build/screenshots/``,
+or to ``$EFFECTS_SCREENSHOTS_DIR`` (``EFFECTS_SCREENSHOTS_DIR=docs/screenshots make test-browser``
+refreshes the README's pictures); a test run never rewrites tracked files. Under CI (``CI`` set) a
+missing browser is a failure, not a skip: ``make test`` installs it first."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +23,12 @@ from tests.console_server import serve
 from tests.ops_expected import now_ms
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("EFFECTS_SCREENSHOTS_DIR") or ROOT / "build" / "screenshots")
 TOKEN = "browser-test-token"
 
 pytestmark = pytest.mark.skipif(
-    not CHROMEDRIVER.exists() or shutil.which("chromium") is None,
+    (not CHROMEDRIVER.exists() or shutil.which("chromium") is None) and not os.environ.get("CI"),
     reason="needs chromium and chromium-driver: run scripts/install-browser.sh (make test does)",
 )
 
