@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from effect_ledger.processors.cli_boundary import PORT
+from effect_ledger.processors.cli_boundary import PORT, broker_wait
 from effect_ledger.processors.cli_ops import kafka_of, source_options, user_errors
 from effect_ledger.streams.errors import ConfigError
 
@@ -49,6 +49,7 @@ def console_command(
                 f"{TOKEN_ENV}, or --basic-auth-file, or listen on 127.0.0.1"
             )
         source = Source(db=db) if db is not None else Source(cfg=kafka_of(bootstrap, prefix))
+        source.check(broker_wait(10))  # a bad file or a dead broker is one line now, not a page later
         app = make_app(source, creds, guard_reads=beyond)
     click.echo(f"effects console on http://{host}:{port}/ ({source.name}; "
                f"{'decisions need credentials' if creds.configured else 'read-only'})")

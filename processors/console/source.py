@@ -49,6 +49,20 @@ class Source:
             raise ValueError("a console reads a ledger file or Kafka, one of them")
         self.db, self.cfg = db, cfg
 
+    def check(self, broker_timeout: float) -> None:
+        """Fail now, before the console serves, on what every page would fail on: a file that is
+        not a ledger (or is damaged where every page reads), or a broker that does not answer."""
+        if self.db is not None:
+            with views.ledger_file(self.db) as conn:
+                # Rows, not count(*): a count may be answered from an index without the table's pages.
+                conn.execute("SELECT * FROM effects LIMIT 1").fetchall()
+                conn.execute("SELECT * FROM events LIMIT 1").fetchall()
+            return
+        from effect_ledger.streams.admin import wait_ready
+
+        assert self.cfg is not None
+        wait_ready(self.cfg, timeout=broker_timeout)
+
     @property
     def name(self) -> str:
         return f"ledger file {self.db}" if self.db is not None else f"Kafka {self.cfg.bootstrap}"  # type: ignore[union-attr]
