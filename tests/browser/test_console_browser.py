@@ -80,13 +80,23 @@ def text(driver: object, css: str) -> str:
 def click_to_load(driver: object, element: object) -> None:
     """Click something that loads a page, and wait (a deadline, polled) until the old page is gone:
     a form submit returns before the new page is there."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import WebDriverWait
 
     old = driver.find_element(By.TAG_NAME, "html")  # type: ignore[attr-defined]
     element.click()  # type: ignore[attr-defined]
-    WebDriverWait(driver, 30).until(ec.staleness_of(old))
+
+    def gone(_: object) -> bool:
+        # While the page is being replaced, chromedriver may answer for the old node with a stale
+        # reference or with a generic "node does not belong to the document": both mean it is gone.
+        try:
+            old.is_enabled()  # type: ignore[attr-defined]
+        except WebDriverException:
+            return True
+        return False
+
+    WebDriverWait(driver, 30).until(gone)
     WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
