@@ -249,6 +249,10 @@ class LedgerProcessor:
             async for event in stream.events():
                 await self.handle(event)
 
+        @app.on_rebalance_complete.connect
+        async def rewind_uncommitted(sender: Any, **_: Any) -> None:
+            await self.rewind_uncommitted()
+
         @app.timer(interval=self.s.timer_interval_s, name="deadlines")
         async def deadlines() -> None:
             await self.tick()
@@ -283,6 +287,31 @@ class LedgerProcessor:
                         "open": len(processor.index),
                     }
                 )
+
+    async def rewind_uncommitted(self) -> None:
+        """Put every source partition that has no committed offset back at its first record.
+
+        faust sends ``on_rebalance_complete`` after table recovery, just before it seeks the
+        stream partitions to their committed offsets. The consumer may already have fetched
+        records of those partitions while recovery was running; faust drops them (the stream
+        is paused) and seeks the partitions back, but only the ones with a committed offset
+        (aiokafka's ``seek_to_committed`` skips a partition with none, or with 0). A worker
+        killed before its first commit therefore came back past records it never folded: its
+        restart skipped them for good (an intent never folded, a deadline never watched). The
+        group's policy for a partition without a commit is "from the earliest record": say it
+        with an explicit seek, which also drops whatever was fetched ahead."""
+        consumer = self.app.consumer
+        sources = {self.events.get_topic_name(), self.decisions.get_topic_name()}
+        tps = [tp for tp in consumer.assignment() if tp.topic in sources]
+        if not tps:
+            return
+        committed = await consumer.seek_to_committed()
+        fresh = [tp for tp in tps if not committed.get(tp)]
+        if not fresh:
+            return
+        earliest = await consumer.earliest_offsets(*fresh)
+        await consumer.seek_wait({tp: int(earliest.get(tp) or 0) for tp in fresh})
+        log.debug("no committed offset: reading from the first record on %s", sorted(str(tp) for tp in fresh))
 
     def authorized(self, request: Request) -> bool:
         """No token configured (loopback only, see ``check_web``), or the request carries it."""
