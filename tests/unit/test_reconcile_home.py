@@ -181,3 +181,22 @@ def test_the_sdk_view_is_the_view_of_the_work_item() -> None:
     e = uncertain_effect(unknown(1, DEADLINE + 5), unknown(2, DEADLINE + 900))
     assert view(e) == view_of_uncertain(uncertain_event(e))
     assert (view(e).tries, view(e).executed) == (2, False)
+
+
+
+def test_a_lookups_declared_timeout_bounds_its_ask() -> None:
+    declared = {
+        t.name: t
+        for t in parse_targets(
+            """
+[targets.payments]
+lookup = "http://127.0.0.1:9/by-key/{key}"
+timeout = "4s"
+
+[targets.sms]
+lookup = "none"
+"""
+        )
+    }
+    assert ask_timeout_s(declared["payments"]) == 4.0
+    assert ask_timeout_s(declared["sms"]) == DEFAULT_ASK_TIMEOUT_S
