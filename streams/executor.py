@@ -47,6 +47,7 @@ from effect_ledger.streams.model import (
     State,
 )
 from effect_ledger.streams.plan import (
+    CONFLICT_RETRIES,
     AskFirst,
     CallSpec,
     Execute,
@@ -68,7 +69,6 @@ if TYPE_CHECKING:
     from effect_ledger.streams.relay import Relay
 
 Call = Callable[[str], Any]
-CONFLICT_RETRIES = 16  # reloads after a concurrent write before giving up with EffectInProgress
 
 
 class Executor:
@@ -127,9 +127,7 @@ class Executor:
         """The plan's input: ``loaded``, the time, this worker, and whether the claim's owner lives."""
         owner = loaded.claim.owner
         alive = owner_alive(owner, key) if owner is not None and owner != self.worker else None
-        return Known(
-            loaded.effect, owner, loaded.claim.until_ms, self.clock(), self.worker, alive, self.confirm_claims
-        )
+        return Known(loaded.effect, owner, loaded.claim.until_ms, self.clock(), self.worker, alive, self.confirm_claims)
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -378,4 +376,4 @@ async def maybe_await(value: Any | Awaitable[Any]) -> Any:
     return value
 
 
-__all__ = ["CONFLICT_RETRIES", "Call", "Executor", "maybe_await"]
+__all__ = ["Call", "Executor", "maybe_await"]

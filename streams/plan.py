@@ -43,6 +43,10 @@ from effect_ledger.streams.errors import (
 from effect_ledger.streams.keys import digest
 from effect_ledger.streams.model import OPEN_STATES, Resolution, State, Verdict
 
+#: How often a write that finds the effect changed since it was loaded (someone else wrote it) is
+#: tried again on what was written, before the call gives up with ``EffectInProgress``.
+CONFLICT_RETRIES = 16
+
 
 @dataclass(frozen=True, slots=True)
 class CallSpec:
@@ -165,4 +169,15 @@ def _conflict(effect: Effect, spec: CallSpec) -> EffectConflict | None:
     return EffectConflict(effect.effect_id, first.request_digest, given)
 
 
-__all__ = ["AskFirst", "CallSpec", "Execute", "Known", "Plan", "Refuse", "ReturnReceipt", "after_answer", "plan"]
+__all__ = [
+    "CONFLICT_RETRIES",
+    "AskFirst",
+    "CallSpec",
+    "Execute",
+    "Known",
+    "Plan",
+    "Refuse",
+    "ReturnReceipt",
+    "after_answer",
+    "plan",
+]

@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING
 from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.errors import LedgerUnavailable
 from effect_ledger.streams.model import OPEN_STATES, Event, is_event
+from effect_ledger.streams.plan import CONFLICT_RETRIES
 from effect_ledger.streams.store import Claim, Loaded, Store, VersionConflict
 
 if TYPE_CHECKING:  # aiohttp, which the lookup uses, loads only in Kafka mode
     from effect_ledger.streams.lookup import ProcessorLookup
 
 log = logging.getLogger("effect_ledger.sdk")
-
-_CONFLICT_RETRIES = 16
 
 
 async def merge_remote(
@@ -30,7 +29,7 @@ async def merge_remote(
     if not decoded:
         return loaded
     before = loaded.effect
-    for _ in range(_CONFLICT_RETRIES):
+    for _ in range(CONFLICT_RETRIES):
         try:
             await store.append(before, decoded, now_ms=clock(), sent=True)
             break

@@ -183,7 +183,6 @@ def test_the_sdk_view_is_the_view_of_the_work_item() -> None:
     assert (view(e).tries, view(e).executed) == (2, False)
 
 
-
 def test_a_lookups_declared_timeout_bounds_its_ask() -> None:
     declared = {
         t.name: t
