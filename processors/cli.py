@@ -267,6 +267,14 @@ def run(
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
+@click.option(
+    "--targets",
+    "targets_spec",
+    metavar="FILE",
+    envvar="EFFECTS_TARGETS",
+    help="the targets declaration: each target's backoff spaces the checks of its uncertain effects "
+    "(without it, the default backoff for every target) [env EFFECTS_TARGETS]",
+)
 @metrics_options
 def worker(
     bootstrap: str | None,
@@ -280,6 +288,7 @@ def worker(
     advertised_url: str | None,
     app_id: str,
     loglevel: str,
+    targets_spec: str | None,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -292,9 +301,11 @@ def worker(
     from effect_ledger.streams.admin import BrokerUnavailable, ensure_topics, wait_ready
     from effect_ledger.streams.errors import ConfigError
 
+    targets = _targets(targets_spec) if targets_spec else {}  # a bad file: one line, before anything starts
     cfg = _kafka(bootstrap, prefix, partitions)
     settings = ProcessorSettings(
         kafka=cfg,
+        targets=targets,
         app_id=app_id,
         data_dir=Path(data_dir),
         store=store,

@@ -41,6 +41,7 @@ import hmac
 import logging
 import struct
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,7 @@ from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import TOKEN_ENV
 from effect_ledger.streams.model import Executed, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Backoff
+from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
 
 log = logging.getLogger("effect_ledger.processor")
 
@@ -116,17 +117,17 @@ def event_bodies(value: bytes, decode: Any) -> list[bytes]:
     return out
 
 
-def due_of(effect: Effect, backoff: Backoff, first_check_ms: int) -> int | None:
+def due_of(effect: Effect, targets: Mapping[str, Target], first_check_ms: int) -> int | None:
     """When the timer must next look at this effect: the deadline of an open attempt, or the time to
-    ask the reconcilers again about an uncertain one."""
+    ask the reconcilers again about an uncertain one, by its target's backoff
+    (``effect_ledger.streams.reconcile.next_check_ms``, the embedded runner's rule too); an effect
+    nobody answered about yet, ``first_check_ms`` after it became uncertain."""
     if effect.state in (State.PENDING, State.EXECUTED):
         return effect.deadline_ms
     if effect.state is State.UNCERTAIN:
-        tries = [r for r in effect.resolutions if r.attempt == effect.attempt]
-        if tries:
-            last = max(tries, key=lambda r: (r.tries, r.at_ms))
-            return last.at_ms + backoff.delay_ms(last.tries)
-        return effect.updated_ms + first_check_ms
+        target, _ = target_for(targets, target_name(effect))
+        due = next_check_ms(effect, target, effect.updated_ms)
+        return due if due is not None else effect.updated_ms + first_check_ms
     return None
 
 
@@ -143,7 +144,9 @@ class ProcessorSettings:
     timer_interval_s: float = 0.25
     grace_ms: int = 1000
     lookup_bound_s: float = 5.0
-    backoff: Backoff = field(default_factory=Backoff)
+    # The declared targets (``effects worker --targets``): each one's backoff spaces the checks of
+    # its uncertain effects; a target not declared here gets the default backoff.
+    targets: Mapping[str, Target] = field(default_factory=dict)
     first_check_ms: int = 60_000  # re-publish an uncertain effect nobody has answered for this long
 
     @property
@@ -382,7 +385,7 @@ class LedgerProcessor:
             return
         if self.metrics is not None:
             self._observe(before, after, ev)
-        due = due_of(after, self.s.backoff, self.s.first_check_ms)
+        due = due_of(after, self.s.targets, self.s.first_check_ms)
         value = append_packed(previous, bytes(event.value), due)
         self.table[key] = value
         self._cache[key] = (value, after)

@@ -1,8 +1,9 @@
 """Reconciliation consumers: a consumer group on ``effects.uncertain``.
 
-For each uncertain effect: ask the target's reconciler, judge the answer
-(``effect_ledger.streams.reconcile.judge``: found -> CONFIRMED, absent -> ABSENT, unknown -> retried with
-backoff by the processor, then ESCALATED), and write the resolution to ``effects.events``.
+For each uncertain effect: ask the target's reconciler, under the target's timeout, and judge the
+answer (``effect_ledger.streams.reconcile.ask`` and ``judge``: found -> CONFIRMED, absent -> ABSENT,
+unknown -> asked again after the target's backoff, re-published by the processor, then ESCALATED),
+and write the resolution to ``effects.events``.
 
 Order of durable writes, per batch: produce every resolution, wait for their delivery reports,
 (for a record that cannot be written, a bounded dead letter in its place, and wait for those), then
@@ -26,7 +27,7 @@ from effect_ledger.streams.codec import DecodeError, EncodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.dlq import dead_letter
 from effect_ledger.streams.model import DeadLetter, Resolution, UncertainEffect
-from effect_ledger.streams.reconcile import Answer, Target, Unknown, judge, only_the_agent_can_ask, view_of_uncertain
+from effect_ledger.streams.reconcile import Target, ask, judge, only_the_agent_can_ask, target_for, view_of_uncertain
 from effect_ledger.streams.relay import producer_config
 
 log = logging.getLogger("effect_ledger.reconcilers")
@@ -221,27 +222,16 @@ class ReconcileService:
         return self.cfg.topics.events, u.effect_id.encode(), resolution
 
     async def _resolve(self, u: UncertainEffect) -> Resolution | None:
-        declared = self.targets.get(u.target)
-        target = declared or Target(u.target or "unknown")
+        """Ask about one uncertain effect and judge the answer (``effect_ledger.streams.reconcile``:
+        the same target rule, ask and judge as the SDK and the embedded runner). None: only the
+        agent can ask this destination, so nothing is written."""
+        target, declared = target_for(self.targets, u.target)
         v = view_of_uncertain(u)
-        answer: Answer | None
-        name = "none"
-        if declared is None:
-            # Asked again after a backoff (time to fix the declaration), then escalated.
-            name = "undeclared"
-            answer = Unknown(f"target {u.target!r} is not declared in the reconcilers' targets; nobody was asked")
-        elif target.reconciler is not None:
-            name = target.reconciler.name
-            async with self._sem:
-                try:
-                    answer = await asyncio.wait_for(target.reconciler.check(v), 30)
-                except Exception as e:  # a failing reconciler is an unknown answer
-                    answer = Unknown(f"{type(e).__name__}: {e}")
-        elif only_the_agent_can_ask(v, target, _now()):
+        if declared and only_the_agent_can_ask(v, target, _now()):
             self.stats.skipped += 1
             return None
-        else:
-            answer = None
+        async with self._sem:
+            answer, name = await ask(v, target, _now(), declared=declared)
         resolution = judge(v, target, answer, name, _now())
         self.stats.resolutions[resolution.verdict.value] = self.stats.resolutions.get(resolution.verdict.value, 0) + 1
         if self.metrics is not None:

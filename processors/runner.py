@@ -16,7 +16,7 @@ from typing import Any
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.ledger import Ledger
 from effect_ledger.streams.model import State
-from effect_ledger.streams.reconcile import Target, only_the_agent_can_ask
+from effect_ledger.streams.reconcile import next_check_ms, only_the_agent_can_ask, target_for, target_name
 
 log = logging.getLogger("effect_ledger.runner")
 
@@ -70,7 +70,7 @@ class Runner:
             if after is not None and after.state is State.UNCERTAIN:
                 report.timed_out.append(key)
                 if self.metrics is not None:
-                    self.metrics.uncertain.labels(target=_target(after, key)).inc()
+                    self.metrics.uncertain.labels(target=target_name(after)).inc()
                     deadline = row["deadline_ms"]
                     self.metrics.detection_latency.observe(max(0, self.ledger.now_ms() - deadline) / 1000)
         uncertain = await store.query(
@@ -83,13 +83,12 @@ class Runner:
             effect = await self.ledger.get(key)
             if effect is None:
                 continue
-            name = effect.intent.target if effect.intent else key.split(":", 1)[0]
-            target = self.ledger.targets.get(name) or Target(name)  # undeclared: asked as unknown
+            name = target_name(effect)
+            target, _ = target_for(self.ledger.targets, name)  # undeclared: asked as unknown
             if only_the_agent_can_ask(effect, target, now):
                 # Only the agent, which holds the call, can ask this destination (by replaying the
                 # key). Look again when its retention is over, then escalate.
-                later = _retention_end(effect, target) or now + target.backoff.delay_ms(target.backoff.max_tries)
-                await store.set_backoff(key, row["check_tries"], later)
+                await store.set_backoff(key, row["check_tries"], next_check_ms(effect, target, now))
                 continue
             after = await self.ledger.reconcile(key)
             if after is None:
@@ -100,8 +99,9 @@ class Runner:
                 if after.state is State.ESCALATED:
                     self.metrics.escalated.labels(target=name).inc()
             if after.state is State.UNCERTAIN:
-                tries = row["check_tries"] + 1
-                await store.set_backoff(key, tries, self.ledger.now_ms() + target.backoff.delay_ms(tries))
+                # Asked again after the target's backoff: the processor's rule in Kafka mode too.
+                later = self.ledger.now_ms()
+                await store.set_backoff(key, row["check_tries"] + 1, next_check_ms(after, target, later) or later)
         if self.metrics is not None:
             await self._refresh_gauges(now)
         if report:
@@ -145,16 +145,6 @@ class Runner:
                 pass
 
 
-def _target(effect: Effect, key: str) -> str:
-    return effect.intent.target if effect.intent else key.split(":", 1)[0]
-
-
 def _verdict(effect: Effect) -> str:
     resolutions = effect.resolutions
     return resolutions[-1].verdict.value if resolutions else effect.state.value
-
-
-def _retention_end(effect: Effect, target: Target) -> int | None:
-    if target.retention_s is None or effect.first_intent is None:
-        return None
-    return effect.first_intent.at_ms + int(target.retention_s * 1000) + 1

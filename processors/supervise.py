@@ -77,7 +77,7 @@ class Service:
 class Processor(Service):
     """``effects worker`` on a fresh port with its own data dir. ``web_host``: where it listens
     (reached through 127.0.0.1 in any case); ``token``: its lookup token, given through the
-    environment (not argv, which every local user can read)."""
+    environment (not argv, which every local user can read); ``targets``: its targets declaration."""
 
     def __init__(
         self,
@@ -89,6 +89,7 @@ class Processor(Service):
         web_host: str = "127.0.0.1",
         token: str | None = None,
         metrics_port: int | None = None,
+        targets: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.metrics_port = metrics_port  # serve Prometheus /metrics there (the [metrics] extra)
@@ -115,6 +116,7 @@ class Processor(Service):
                 "--loglevel",
                 "info",
                 *(["--metrics-port", str(metrics_port)] if metrics_port else []),
+                *(["--targets", str(targets)] if targets else []),
             ],
             data_dir.parent / f"worker-{self.port}.log",
             env={TOKEN_ENV: token} if token else None,

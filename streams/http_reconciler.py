@@ -15,7 +15,15 @@ from effect_ledger.streams.keyurl import key_url, origin
 if TYPE_CHECKING:
     import aiohttp
 
-from effect_ledger.streams.reconcile import Absent, Answer, CallableReconciler, EffectView, Found, Unknown
+from effect_ledger.streams.reconcile import (
+    DEFAULT_ASK_TIMEOUT_S,
+    Absent,
+    Answer,
+    CallableReconciler,
+    EffectView,
+    Found,
+    Unknown,
+)
 
 __all__ = ["HttpReconciler", "CallableReconciler", "DEFAULT_MAX_BODY", "MAX_BODY_LIMIT"]
 
@@ -59,7 +67,7 @@ class HttpReconciler:
         absent_values: Iterable[str] = (),
         pending_values: Iterable[str] = (),
         headers: Mapping[str, str] | None = None,
-        timeout: float = 10.0,
+        timeout: float = DEFAULT_ASK_TIMEOUT_S,
         redirects: Redirects = "none",
         max_body: int = DEFAULT_MAX_BODY,
     ) -> None:
@@ -89,6 +97,11 @@ class HttpReconciler:
         self._pending_values = frozenset(pending_values)
         self._headers = dict(headers or {})
         self._timeout_s = timeout
+
+    @property
+    def timeout_s(self) -> float:
+        """How long one lookup may take (the target's ``timeout``)."""
+        return self._timeout_s
 
     def url_for(self, effect: EffectView) -> str:
         return str(self._url(effect))

@@ -22,16 +22,17 @@ the reason to ``MAX_TEXT_BYTES``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.effect import Effect, uncertain_event
 from effect_ledger.streams.errors import DefiniteFailure
 from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
-from effect_ledger.streams.model import Executed, Outcome, Resolution, UncertainEffect, Verdict
+from effect_ledger.streams.model import Resolution, UncertainEffect, Verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,10 @@ class CallableReconciler:
         return result
 
 
+#: How long one ask of a destination may take when neither the target nor its reconciler says.
+DEFAULT_ASK_TIMEOUT_S = 10.0
+
+
 @dataclass(frozen=True)
 class Backoff:
     """Unknown answers are retried after ``first_s * factor**(tries-1)`` (at most ``max_s``), and
@@ -134,6 +139,9 @@ class Target:
     definite_errors: tuple[type[BaseException], ...] = ()
     receipt_id: Callable[[Any], str] | None = None
     backoff: Backoff = field(default_factory=Backoff)
+    # How long one ask of ``reconciler`` may take (None: the reconciler's own ``timeout_s``, such as
+    # an HTTP lookup's ``timeout``, else ``DEFAULT_ASK_TIMEOUT_S``); past it the answer is Unknown.
+    timeout_s: float | None = None
 
     @property
     def definite(self) -> tuple[type[BaseException], ...]:
@@ -148,20 +156,10 @@ class Target:
 
 
 def view(effect: Effect) -> EffectView:
-    i = effect.intent or effect.first_intent
-    first = effect.first_intent
-    tries = previous_tries(effect)
-    executed = any(
-        isinstance(f, Executed) and f.outcome is Outcome.OK and f.attempt == effect.attempt for f in effect.facts
-    )
-    if i is None or first is None:
-        return EffectView(
-            effect.effect_id, "", "", None, effect.attempt, effect.created_ms, effect.created_ms, tries, executed
-        )
-    request = json.loads(i.request)
-    return EffectView(
-        effect.effect_id, i.target, i.operation, request, effect.attempt, first.at_ms, i.deadline_ms, tries, executed
-    )
+    """What a reconciler is told about ``effect``: the same view a reconciliation consumer builds
+    from the effect's ``effects.uncertain`` work item, so tries and executed are derived once
+    (``effect_ledger.streams.effect.uncertain_event``) in both modes."""
+    return view_of_uncertain(uncertain_event(effect))
 
 
 def view_of_uncertain(u: UncertainEffect) -> EffectView:
@@ -187,8 +185,102 @@ def only_the_agent_can_ask(effect: Effect | EffectView, target: Target, now_ms: 
     return target.reconciler is None and target.honours_keys and not retention_passed(effect, target, now_ms)
 
 
+def target_name(effect: Effect | EffectView) -> str:
+    """The target an effect was executed on: its intent's, else the key's prefix (a receipt or a
+    resolution whose intent has not arrived)."""
+    if isinstance(effect, Effect):
+        if effect.intent is not None:
+            return effect.intent.target
+    elif effect.target:
+        return effect.target
+    return effect.effect_id.split(":", 1)[0]
+
+
+def target_for(targets: Mapping[str, Target], name: str) -> tuple[Target, bool]:
+    """The declared target ``name`` and True; for a target nobody declared, a default ``Target``
+    and False. The one rule for an undeclared target, in every mode: nobody is asked, the answer
+    is Unknown (``ask``), so it is asked again after the default backoff (time to fix the
+    declaration), then escalated."""
+    declared = targets.get(name)
+    if declared is not None:
+        return declared, True
+    return Target(name or "unknown"), False
+
+
+def ask_timeout_s(target: Target) -> float:
+    """How long one ask of the target's reconciler may take (see ``Target.timeout_s``)."""
+    if target.timeout_s is not None:
+        return target.timeout_s
+    own = getattr(target.reconciler, "timeout_s", None)
+    if isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
+        return float(own)
+    return DEFAULT_ASK_TIMEOUT_S
+
+
+Replay = Callable[[], Awaitable[Any]]
+
+
+async def ask(
+    effect: EffectView,
+    target: Target,
+    now_ms: int,
+    *,
+    declared: bool = True,
+    replay: Replay | None = None,
+    receipt_of: Callable[[Any], str] | None = None,
+) -> tuple[Answer | None, str]:
+    """Ask the destination whether the effect happened: (the answer, who answered). ``None`` means
+    nobody could be asked (``judge`` escalates it). Never raises: a reconciler that fails or takes
+    longer than ``ask_timeout_s(target)`` is an Unknown answer.
+
+    Without a reconciler, a target that honours keys is asked by ``replay`` (the call again, with
+    the same key, under the call's own deadline: it returns the original), while the destination
+    still remembers the key; ``receipt_of`` names the receipt of what it returned. Only the agent
+    holds the call: services pass none (see ``only_the_agent_can_ask``)."""
+    if not declared:
+        return Unknown(f"target {target.name!r} is not declared in the targets; nobody was asked"), "undeclared"
+    if target.reconciler is not None:
+        try:
+            async with asyncio.timeout(ask_timeout_s(target)):
+                return await target.reconciler.check(effect), target.reconciler.name
+        except Exception as e:  # a reconciler that fails is an unknown answer, not a crash
+            return Unknown(f"{type(e).__name__}: {e}"), target.reconciler.name
+    if target.honours_keys and replay is not None and not retention_passed(effect, target, now_ms):
+        try:
+            value = await replay()
+        except Exception as e:
+            if target.rejects(e):
+                return Absent(f"replay rejected: {e}"), "replay"
+            return Unknown(f"replay failed: {type(e).__name__}: {e}"), "replay"
+        return Found(receipt_of(value) if receipt_of is not None else "", value), "replay"
+    return None, "none"
+
+
+def last_resolution(effect: Effect) -> Resolution | None:
+    """The latest answer recorded about the effect's current attempt (None: never asked)."""
+    tries = [r for r in effect.resolutions if r.attempt == effect.attempt]
+    return max(tries, key=lambda r: (r.tries, r.at_ms)) if tries else None
+
+
+def next_check_ms(effect: Effect, target: Target, now_ms: int) -> int | None:
+    """When to ask about an uncertain effect next, by the target's backoff: ``None`` when it was
+    never asked about its current attempt (ask now). An effect only the agent can ask (see
+    ``only_the_agent_can_ask``) is looked at again when the destination's key retention is over
+    (then escalated), or after the longest backoff when the destination never forgets keys."""
+    if only_the_agent_can_ask(effect, target, now_ms):
+        first = effect.first_intent
+        if target.retention_s is not None and first is not None:
+            return first.at_ms + int(target.retention_s * 1000) + 1
+        return now_ms + target.backoff.delay_ms(target.backoff.max_tries)
+    last = last_resolution(effect)
+    if last is None:
+        return None
+    return last.at_ms + target.backoff.delay_ms(last.tries)
+
+
 def previous_tries(effect: Effect) -> int:
-    return max((r.tries for r in effect.resolutions if r.attempt == effect.attempt), default=0)
+    """How often the destination was asked about the effect's current attempt already."""
+    return uncertain_event(effect).tries
 
 
 def judge(

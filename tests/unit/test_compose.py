@@ -227,10 +227,12 @@ def test_every_service_command_is_accepted_by_the_cli(compose: dict[str, Any], m
 
 
 def test_targets_come_from_the_declaration_file(compose: dict[str, Any]) -> None:
-    """Every service that asks destinations (reconcile, run) reads EFFECTS_TARGETS, a file of the
-    repository mounted read-only, that load_targets accepts."""
-    users = {n: s for n, s in compose["services"].items() if s.get("command", [None])[0] in ("reconcile", "run")}
-    assert "reconciler" in users
+    """Every service that asks destinations (reconcile, run) or spaces their checks (worker) reads
+    EFFECTS_TARGETS, a file of the repository mounted read-only, that load_targets accepts."""
+    users = {
+        n: s for n, s in compose["services"].items() if s.get("command", [None])[0] in ("reconcile", "run", "worker")
+    }
+    assert {"reconciler", "processor"} <= set(users)
     for name, service in users.items():
         path = environment(service)["EFFECTS_TARGETS"]
         (source,) = [src for src, target, ro in mounts(service) if target == path and ro]
