@@ -31,6 +31,7 @@ gives ``EffectUncertain`` chained to the ``StorageError``, the intent left open 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import json
@@ -41,7 +42,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from effect_ledger.streams import crashpoints
+from effect_ledger.streams import bodies, crashpoints, retire_store
 from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
@@ -50,6 +51,7 @@ from effect_ledger.streams.errors import (
     EffectClosed,
     EffectConflict,
     EffectInProgress,
+    EffectRetired,
     EffectUncertain,
     InvalidEffect,
     LedgerClosed,
@@ -347,6 +349,10 @@ class Ledger:
         else:
             check_key(key)
         canonical, request_digest = canonical_request(request)  # valid, within MAX_REQUEST_BYTES
+        # What the intent records of the body: the target's policy (the digest is the full request's).
+        stored = await bodies.stored(
+            self.target(target).body, self._store, key, canonical, request_digest, self._clock()
+        )
         t_s = self._default_timeout if timeout is None else timeout
         if isinstance(t_s, bool) or not isinstance(t_s, int | float) or not 0 < t_s <= 7 * 24 * 3600:
             raise InvalidEffect(f"timeout must be a number of seconds > 0, got {t_s!r}")
@@ -356,7 +362,7 @@ class Ledger:
             raise EffectInProgress(key, "another task of this worker is executing it")
         self._inflight.add(key)
         try:
-            spec = _Spec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s))
+            spec = _Spec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s), stored)
             if self._lookup is None:
                 # The common case is a key nobody has used: claim it with the intent straight away
                 # (the write's version check fails if the key exists), which saves a read.
@@ -379,6 +385,11 @@ class Ledger:
             loaded = await self._merge_remote(key, loaded)
         effect = loaded.effect
         observed_owner: str | None = None
+        if effect is None:
+            # Only a retired key has no events yet refuses to be created (retire_store's trigger).
+            marker = await retire_store.retired(self._store, key)
+            if marker is not None:
+                raise EffectRetired(key, marker.state, marker.retired_ms)
         if effect is not None:
             self._check_same_request(effect, spec)
             if effect.state is State.CONFIRMED:
@@ -485,8 +496,14 @@ class Ledger:
         honours keys is asked by replaying the call with the same key (it returns the original)."""
         if target.reconciler is not None:
             try:
+                shown = view(effect)
+                if effect.intent is not None:  # a sealed body is opened for the reconciler, if it can be
+                    req = await bodies.readable_request(
+                        self._store, effect.effect_id, effect.intent.request, effect.intent.request_digest
+                    )
+                    shown = dataclasses.replace(shown, request=req)
                 async with asyncio.timeout(timeout):
-                    return await target.reconciler.check(view(effect)), target.reconciler.name
+                    return await target.reconciler.check(shown), target.reconciler.name
             except Exception as e:  # a reconciler that fails is an unknown answer, not a crash
                 return Unknown(f"{type(e).__name__}: {e}"), target.reconciler.name
         if target.honours_keys and call is not None and not retention_passed(effect, target, self._clock()):
@@ -552,7 +569,7 @@ class Ledger:
             namespace=spec.namespace,
             run_id=spec.run_id,
             step=spec.step,
-            request=spec.canonical,
+            request=spec.stored,
             request_digest=spec.digest,
             deadline_ms=deadline,
             worker=self.worker,
@@ -617,7 +634,12 @@ class Ledger:
         return confirmation
 
     async def _after_call(
-        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
+        self,
+        effect: Effect,
+        attempt: int,
+        outcome: Outcome,
+        error: str | None,
+        started: int,
         receipt: Receipt | None = None,
     ) -> Effect:
         """Record a call's outcome. The call has happened (or may have): when the ledger cannot
@@ -634,7 +656,12 @@ class Ledger:
             ) from e
 
     async def _outcome(
-        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
+        self,
+        effect: Effect,
+        attempt: int,
+        outcome: Outcome,
+        error: str | None,
+        started: int,
         receipt: Receipt | None = None,
     ) -> Effect:
         now = self._clock()
@@ -795,6 +822,7 @@ class _Spec:
     canonical: str
     digest: str
     timeout: float
+    stored: str  # the body as the intent records it (effect_ledger.streams.bodies)
 
 
 E = TypeVar("E", ReceiptSource, DecisionKind)

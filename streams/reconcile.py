@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from effect_ledger.streams.bodies import BodyPolicy
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.errors import DefiniteFailure
 from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
@@ -134,6 +135,7 @@ class Target:
     definite_errors: tuple[type[BaseException], ...] = ()
     receipt_id: Callable[[Any], str] | None = None
     backoff: Backoff = field(default_factory=Backoff)
+    body: BodyPolicy = field(default_factory=BodyPolicy)  # what of a request is recorded (bodies.py)
 
     @property
     def definite(self) -> tuple[type[BaseException], ...]:
