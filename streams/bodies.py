@@ -137,10 +137,13 @@ def parse(body: dict[str, Any], fail: Any) -> BodyPolicy:
     subject = body.get("subject")
     if subject is not None and not isinstance(subject, str):
         raise fail("subject must be a field path", "subject")
+    # Which setting is wrong, for the error's line: the one the message is about.
+    field = "body" if mode == BodyMode.REDACT and not redact else "redact" if redact else "subject"
+    if subject is not None and mode != BodyMode.ENCRYPT:
+        field = "subject"
     try:
         return BodyPolicy(BodyMode(mode), tuple(redact), subject)
     except ValueError as e:
-        field = "redact" if "redact" in str(e) else "subject" if "subject" in str(e) else "body"
         raise fail(str(e), field) from None
 
 

@@ -634,12 +634,7 @@ class Ledger:
         return confirmation
 
     async def _after_call(
-        self,
-        effect: Effect,
-        attempt: int,
-        outcome: Outcome,
-        error: str | None,
-        started: int,
+        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
         receipt: Receipt | None = None,
     ) -> Effect:
         """Record a call's outcome. The call has happened (or may have): when the ledger cannot
@@ -656,12 +651,7 @@ class Ledger:
             ) from e
 
     async def _outcome(
-        self,
-        effect: Effect,
-        attempt: int,
-        outcome: Outcome,
-        error: str | None,
-        started: int,
+        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
         receipt: Receipt | None = None,
     ) -> Effect:
         now = self._clock()
