@@ -386,10 +386,7 @@ class Ledger:
         effect = loaded.effect
         observed_owner: str | None = None
         if effect is None:
-            # Only a retired key has no events yet refuses to be created (retire_store's trigger).
-            marker = await retire_store.retired(self._store, key)
-            if marker is not None:
-                raise EffectRetired(key, marker.state, marker.retired_ms)
+            await self._refuse_retired(key)
         if effect is not None:
             self._check_same_request(effect, spec)
             if effect.state is State.CONFIRMED:
@@ -406,6 +403,13 @@ class Ledger:
                     return _confirmation(effect, called=False)
             # FAILED or ABSENT: nothing happened at the destination; execute with the same key.
         return await self._run_attempt(key, effect, spec, call, observed_owner)
+
+    async def _refuse_retired(self, key: str) -> None:
+        """``EffectRetired`` for a retired key: only such a key has no events yet cannot be
+        created (retire_store's trigger ignores the insert, which reads as a version conflict)."""
+        marker = await retire_store.retired(self._store, key)
+        if marker is not None:
+            raise EffectRetired(key, marker.state, marker.retired_ms)
 
     def _check_same_request(self, effect: Effect, spec: _Spec) -> None:
         first = effect.first_intent
@@ -707,6 +711,8 @@ class Ledger:
         loaded = await self._store.load(key)
         if loaded.effect is None and self._lookup is not None:
             loaded = await self._merge_remote(key, loaded)
+        if loaded.effect is None:
+            await self._refuse_retired(key)
         if loaded.effect is None and not allow_unknown:
             raise UnknownEffect(key, str(self._store.path))
         ev = Receipt(new_event_id(), key, self._clock(), attempt, receipt_id, kind, receipt_text(value)[0])

@@ -20,6 +20,9 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
 
     [targets.sms]
     lookup = "none"   # nothing can ask this destination: an uncertain effect goes to a person
+    body = "redact"                      # what of a request is recorded: "full" (default),
+    redact = ["phone", "text"]           # "redact" these fields, "digest" only, or "encrypt"
+                                         # with subject = "customer.id" (erasable: bodies.py)
 
 Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
 ``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a

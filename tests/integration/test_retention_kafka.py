@@ -68,7 +68,8 @@ def test_a_retired_effect_is_retired_for_every_reader(kafka_config: KafkaConfig,
                         request={"order": "2"}, call=lost,
                     )  # fmt: skip
                 (open_key,) = [
-                    r["effect_id"] for r in await led.store.query("SELECT effect_id FROM effects WHERE state = 'UNCERTAIN'")
+                    r["effect_id"]
+                    for r in await led.store.query("SELECT effect_id FROM effects WHERE state = 'UNCERTAIN'")
                 ]
                 deadline = time.monotonic() + WAIT
                 while await led.store.outbox_depth() > 0:

@@ -169,3 +169,23 @@ def test_the_file_refuses_to_recreate_a_retired_key_whoever_writes(tmp_path: Pat
         assert cur.rowcount == 0
     finally:
         conn.close()
+
+
+def test_a_late_receipt_for_a_retired_key_is_refused_not_recorded(tmp_path: Path) -> None:
+    clock = FakeClock()
+    dest = Destination()
+
+    async def body() -> None:
+        ledger = await Ledger.open(str(tmp_path / "e.db"), targets=[Target(TARGET)], clock=clock)
+        try:
+            await _execute(ledger, dest)
+            clock.advance(DAY)
+            await _execute(ledger, dest, step="later", request={"order": "456"})
+            await retire_store.retire(ledger.store, clock(), DAY, require_sent=False)
+            with pytest.raises(EffectRetired):
+                await ledger.record_receipt(KEY, "re_late", {"late": True}, allow_unknown=True)
+            assert await ledger.get(KEY) is None
+        finally:
+            await ledger.close()
+
+    run(body())
