@@ -96,29 +96,36 @@ async def _retire_file(db: str, now: int, after_ms: int, embedded: bool) -> list
 
 
 @click.command()
-@click.option("--db", required=True, type=LedgerPath(exists=True), help="the ledger file holding the keys")
+@click.option(
+    "--db", "dbs", required=True, multiple=True, type=LedgerPath(exists=True),
+    help="a ledger file holding keys (repeat it for every agent's file: each seals with keys of its own)",
+)  # fmt: skip
 @click.option("--subject", required=True, help="the subject whose request bodies become unreadable")
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
-def erase(db: str, subject: str, as_json: bool) -> None:
+def erase(dbs: tuple[str, ...], subject: str, as_json: bool) -> None:
     """Erase one subject's request bodies (targets with body = "encrypt"): its keys are deleted, so
-    every body sealed under them is unreadable, in the file and on effects.events alike. States,
+    every body sealed under them is unreadable, in the files and on effects.events alike. States,
     times, receipt ids and request digests stay: the audit still holds."""
     if not subject.strip():
         fail("--subject: give the subject's id (the value the target's subject field holds)")
     with user_errors():
-        n = asyncio.run(_erase(db, subject))
+        n = asyncio.run(_erase(dbs, subject))
     if as_json:
         click.echo(json.dumps({"subject_keys_erased": n}))
     else:
-        click.echo(f"erased {n} key{'s' if n != 1 else ''} of the subject in {db}")
+        where = dbs[0] if len(dbs) == 1 else f"{len(dbs)} files"
+        click.echo(f"erased {n} key{'s' if n != 1 else ''} of the subject in {where}")
 
 
-async def _erase(db: str, subject: str) -> int:
+async def _erase(dbs: tuple[str, ...], subject: str) -> int:
     from effect_ledger.streams import erasure
     from effect_ledger.streams.store import Store
 
-    store = await Store.open(db)
-    try:
-        return await erasure.erase(store, subject)
-    finally:
-        await store.close()
+    total = 0
+    for db in dbs:
+        store = await Store.open(db)
+        try:
+            total += await erasure.erase(store, subject)
+        finally:
+            await store.close()
+    return total

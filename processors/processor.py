@@ -336,7 +336,7 @@ class LedgerProcessor:
             return
         try:
             previous = self.table.get(key)
-            if retirement.is_marker(previous):
+            if previous is not None and retirement.is_marker(previous):
                 await self.dead_letter(msg, retirement.refusal(previous))  # a retired key stays retired
                 return
             before = self._load(key, previous)

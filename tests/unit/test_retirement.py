@@ -3,6 +3,7 @@ row by row, what a retirement deletes and keeps, and that a retired key is never
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -189,3 +190,32 @@ def test_a_late_receipt_for_a_retired_key_is_refused_not_recorded(tmp_path: Path
             await ledger.close()
 
     run(body())
+
+
+def test_effects_retire_cli_on_a_ledger_file(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from effect_ledger.processors.cli import main
+
+    path = tmp_path / "e.db"
+    dest = Destination()
+
+    async def body() -> None:
+        ledger = await Ledger.open(str(path), targets=[Target(TARGET)], clock=FakeClock())  # a date long past
+        try:
+            await _execute(ledger, dest)
+            await _execute(ledger, dest, step="later", request={"order": "456"})
+        finally:
+            await ledger.close()
+
+    run(body())
+    cli = CliRunner()
+    unsure = cli.invoke(main, ["retire", "--db", str(path), "--older-than", "30d"])
+    assert unsure.exit_code == 1 and unsure.output.count("\n") == 1 and "give --embedded" in unsure.output
+    short = cli.invoke(main, ["retire", "--db", str(path), "--older-than", "1h", "--embedded"])
+    assert short.exit_code == 1 and "under 1 day" in short.output and short.output.count("\n") == 1
+    done = cli.invoke(main, ["retire", "--db", str(path), "--older-than", "30d", "--embedded", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output) == {"retired": [KEY], "count": 1}  # the file's newest effect is kept
+    missing = cli.invoke(main, ["retire", "--db", str(tmp_path / "none.db"), "--older-than", "30d", "--embedded"])
+    assert missing.exit_code == 1 and missing.output.count("\n") == 1
