@@ -97,23 +97,32 @@ async def _retire_file(db: str, now: int, after_ms: int, embedded: bool) -> list
 
 @click.command()
 @click.option(
-    "--db", "dbs", required=True, multiple=True, type=LedgerPath(exists=True),
-    help="a ledger file holding keys (repeat it for every agent's file: each seals with keys of its own)",
+    "--db", "dbs", multiple=True, type=LedgerPath(exists=True),
+    help="embedded ledger files holding keys (repeatable); without it, the effects.keys topic on Kafka",
 )  # fmt: skip
+@click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]")
+@click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix")
 @click.option("--subject", required=True, help="the subject whose request bodies become unreadable")
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
-def erase(dbs: tuple[str, ...], subject: str, as_json: bool) -> None:
+def erase(dbs: tuple[str, ...], bootstrap: str | None, prefix: str | None, subject: str, as_json: bool) -> None:
     """Erase one subject's request bodies (targets with body = "encrypt"): its keys are deleted, so
-    every body sealed under them is unreadable, in the files and on effects.events alike. States,
-    times, receipt ids and request digests stay: the audit still holds."""
+    every body sealed under them is unreadable, wherever it was copied (the ledger files,
+    effects.events). States, times, receipt ids and request digests stay: the audit still holds."""
     if not subject.strip():
         fail("--subject: give the subject's id (the value the target's subject field holds)")
     with user_errors():
-        n = asyncio.run(_erase(dbs, subject))
+        if dbs:
+            n = asyncio.run(_erase(dbs, subject))
+            where = dbs[0] if len(dbs) == 1 else f"{len(dbs)} files"
+        else:
+            from effect_ledger.streams.keyring_kafka import KafkaKeyring
+
+            cfg = kafka_of(bootstrap, prefix)
+            n = asyncio.run(KafkaKeyring(cfg).erase(subject))
+            where = cfg.topics.keys
     if as_json:
         click.echo(json.dumps({"subject_keys_erased": n}))
     else:
-        where = dbs[0] if len(dbs) == 1 else f"{len(dbs)} files"
         click.echo(f"erased {n} key{'s' if n != 1 else ''} of the subject in {where}")
 
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from effect_ledger.streams.errors import InvalidEffect
 
 if TYPE_CHECKING:
-    from effect_ledger.streams.store import Store
+    from effect_ledger.streams.erasure import Keyring
 
 REDACTED = "effect_ledger.redacted"
 WITHHELD = "effect_ledger.withheld"
@@ -109,7 +109,7 @@ def subject_of(policy: BodyPolicy, effect_id: str, canonical: str) -> str:
 
 
 async def stored(
-    policy: BodyPolicy, store: Store, effect_id: str, canonical: str, request_digest: str, now_ms: int
+    policy: BodyPolicy, keyring: Keyring, effect_id: str, canonical: str, request_digest: str, now_ms: int
 ) -> str:
     """The request text to record in the intent under ``policy``."""
     if policy.mode is BodyMode.FULL:
@@ -121,7 +121,7 @@ async def stored(
     from effect_ledger.streams import erasure
 
     subject = subject_of(policy, effect_id, canonical)
-    kid, key = await erasure.key_for(store, subject, now_ms)
+    kid, key = await keyring.key_for(subject, now_ms)
     return erasure.seal(kid, key, effect_id, request_digest, canonical)
 
 
@@ -150,15 +150,15 @@ def parse(body: dict[str, Any], fail: Any) -> BodyPolicy:
 __all__ = ["BodyMode", "BodyPolicy", "REDACTED", "WITHHELD", "redacted", "stored", "subject_of", "parse"]
 
 
-async def readable_request(store: Store, effect_id: str, request: str, request_digest: str) -> Any:
-    """The request a reconciler is shown: a sealed body opened when its key is in ``store`` (still
-    sealed when erased, or when the key is kept elsewhere), any other body decoded as recorded."""
+async def readable_request(keyring: Keyring, effect_id: str, request: str, request_digest: str) -> Any:
+    """The request a reconciler is shown: a sealed body opened when ``keyring`` has its key (still
+    sealed once erased), any other body decoded as recorded."""
     from effect_ledger.streams import erasure
     from effect_ledger.streams.errors import BodyErased, MissingExtra
 
     if erasure.is_sealed(request):
         try:
-            return await erasure.open_body(store, effect_id, request, request_digest)
+            return await erasure.open_body(keyring, effect_id, request, request_digest)
         except (BodyErased, MissingExtra, InvalidEffect):
             pass
     return json.loads(request)

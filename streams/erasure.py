@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from effect_ledger.streams.errors import BodyErased, InvalidEffect
 from effect_ledger.streams.extras import require
@@ -132,19 +132,58 @@ def key_id(request: str) -> str:
     return _envelope(request)["kid"]
 
 
-async def open_body(store: Store, effect_id: str, request: str, request_digest: str) -> Any:
+class Keyring(Protocol):
+    """Where the keys of sealed bodies live: the ledger file (``FileKeyring``, embedded mode) or
+    the compacted ``effects.keys`` topic (``keyring_kafka.KafkaKeyring``, Kafka mode)."""
+
+    async def key_for(self, subject: str, now_ms: int) -> tuple[str, bytes]:
+        """The subject's key (kid, key), created on first use."""
+        ...
+
+    async def key(self, kid: str) -> bytes | None:
+        """The key named ``kid``; None once erased."""
+        ...
+
+    async def erase(self, subject: str) -> int:
+        """Delete every key of ``subject``; how many."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class FileKeyring:
+    """The keys in the ledger file's ``erasure_keys`` table."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def key_for(self, subject: str, now_ms: int) -> tuple[str, bytes]:
+        return await key_for(self.store, subject, now_ms)
+
+    async def key(self, kid: str) -> bytes | None:
+        rows = await self.store.query("SELECT key FROM erasure_keys WHERE kid = ?", (kid,))
+        return bytes(rows[0]["key"]) if rows else None
+
+    async def erase(self, subject: str) -> int:
+        return await erase(self.store, subject)
+
+    async def close(self) -> None:
+        return None
+
+
+async def open_body(keyring: Keyring, effect_id: str, request: str, request_digest: str) -> Any:
     """The request a sealed body holds (decoded JSON). ``BodyErased`` when its key was erased;
     a body that was not sealed is returned decoded as it is."""
     if not is_sealed(request):
         return json.loads(request)
     env = _envelope(request)
-    rows = await store.query("SELECT key FROM erasure_keys WHERE kid = ?", (env["kid"],))
-    if not rows:
+    key = await keyring.key(env["kid"])
+    if key is None:
         raise BodyErased(f"the request body of {effect_id} was erased (its key {env['kid']} is gone)")
     from cryptography.exceptions import InvalidTag
 
     try:
-        plain = _aesgcm(bytes(rows[0]["key"])).decrypt(
+        plain = _aesgcm(key).decrypt(
             base64.b64decode(env["nonce"]), base64.b64decode(env["ct"]), _aad(effect_id, request_digest)
         )
     except InvalidTag:
@@ -183,4 +222,7 @@ async def erase(store: Store, subject: str) -> int:
     return await store.run(run)  # type: ignore[no-any-return]
 
 
-__all__ = ["SCHEMA", "SEALED", "seal", "is_sealed", "key_for", "open_body", "erase", "subject_digest", "key_id"]
+__all__ = [
+    "SCHEMA", "SEALED", "Keyring", "FileKeyring", "seal", "is_sealed", "key_for", "open_body", "erase",
+    "subject_digest", "key_id",
+]  # fmt: skip

@@ -46,6 +46,7 @@ from effect_ledger.streams import bodies, crashpoints, retire_store
 from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
+from effect_ledger.streams.erasure import FileKeyring, Keyring
 from effect_ledger.streams.errors import (
     DecisionRefused,
     EffectClosed,
@@ -192,6 +193,9 @@ class Ledger:
         self._sync_timeout = 10.0
         self._lookup: ProcessorLookup | None = None
         self._metrics_server: Any = None  # Ledger.open(metrics_port=...): shut down by close
+        # Keys of encrypted request bodies (a target's body = "encrypt"): the file's, or in Kafka
+        # mode the effects.keys topic's (set by open), so that one `effects erase` reaches them all.
+        self.keyring: Keyring = FileKeyring(store)
 
     @classmethod
     async def open(
@@ -257,6 +261,9 @@ class Ledger:
             cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
             ledger._relay = Relay(store, cfg, metrics=metrics)
             ledger._relay.start()
+            from effect_ledger.streams.keyring_kafka import KafkaKeyring
+
+            ledger.keyring = KafkaKeyring(cfg)
         ledger._sync = sync
         ledger._sync_timeout = sync_timeout
         if lookup is not None:
@@ -284,6 +291,7 @@ class Ledger:
             await self._relay.stop(relay_timeout)
         if self._lookup is not None:
             await self._lookup.close()
+        await self.keyring.close()
         await self._store.close()
 
     @property
@@ -351,7 +359,7 @@ class Ledger:
         canonical, request_digest = canonical_request(request)  # valid, within MAX_REQUEST_BYTES
         # What the intent records of the body: the target's policy (the digest is the full request's).
         stored = await bodies.stored(
-            self.target(target).body, self._store, key, canonical, request_digest, self._clock()
+            self.target(target).body, self.keyring, key, canonical, request_digest, self._clock()
         )
         t_s = self._default_timeout if timeout is None else timeout
         if isinstance(t_s, bool) or not isinstance(t_s, int | float) or not 0 < t_s <= 7 * 24 * 3600:
@@ -503,7 +511,7 @@ class Ledger:
                 shown = view(effect)
                 if effect.intent is not None:  # a sealed body is opened for the reconciler, if it can be
                     req = await bodies.readable_request(
-                        self._store, effect.effect_id, effect.intent.request, effect.intent.request_digest
+                        self.keyring, effect.effect_id, effect.intent.request, effect.intent.request_digest
                     )
                     shown = dataclasses.replace(shown, request=req)
                 async with asyncio.timeout(timeout):

@@ -9,6 +9,7 @@ effect of the same age is not retired. Every wait polls a condition against a de
 from __future__ import annotations
 
 import asyncio
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -155,3 +156,70 @@ def test_a_retired_effect_is_retired_for_every_reader(kafka_config: KafkaConfig,
     report = audit(replay_events(cfg, None), 0, now_ms() + 1, now_ms() + 1)
     assert report.undecodable == 0
     assert {c.name: c.numerator for c in report.checks}["keyed_writes"] == 2
+
+
+# -- erasure on Kafka: one command reaches every copy ---------------------------------------------
+
+
+def test_erasing_a_subject_on_kafka_leaves_its_bodies_unreadable_and_the_audit_whole(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from effect_ledger.processors.cli import main
+    from effect_ledger.streams import erasure
+    from effect_ledger.streams.bodies import BodyMode, BodyPolicy
+    from effect_ledger.streams.errors import BodyErased
+    from effect_ledger.streams.keyring_kafka import KafkaKeyring
+    from effect_ledger.streams.reconcile import Target
+
+    cfg = kafka_config
+    email = "jane.doe@example.com"
+    target = Target("payments", body=BodyPolicy(BodyMode.ENCRYPT, subject="customer.id"))
+
+    async def agents() -> None:
+        # Two agents on two "hosts" (two files): the same subject gets one key, from the topic.
+        for host, (step, customer) in enumerate((("a", "cus_42"), ("b", "cus_42"), ("c", "cus_7"))):
+            path = str(tmp_path / f"agent-{host}.db")
+            async with await Ledger.open(path, targets=[target], kafka=cfg, sync=True) as led:
+                await led.execute(
+                    target="payments", operation="refund.create", run_id="r", step=step,
+                    request={"order": step, "customer": {"id": customer, "email": email}},
+                    call=lambda key: {"id": f"re_{key[-6:]}"},
+                )  # fmt: skip
+                deadline = time.monotonic() + WAIT
+                while await led.store.outbox_depth() > 0:
+                    assert time.monotonic() < deadline, "the relay did not deliver"
+                    await asyncio.sleep(0.02)
+
+    asyncio.run(agents())
+    events = TopicReader(cfg, cfg.topics.events)
+    try:
+        events.until(lambda rs: len([r for r in rs if isinstance(r.value, Intent)]) == 3, WAIT, "three intents")
+        intents = sorted(events.values(Intent), key=lambda i: i.step)
+        assert all(email.encode() not in (r.raw or b"") for r in events.records)  # never on effects.events
+    finally:
+        events.close()
+    assert len({erasure.key_id(i.request) for i in intents}) == 2  # one key per subject, across hosts
+
+    async def opened(keyring: KafkaKeyring) -> list[Any]:
+        out: list[Any] = []
+        for i in intents:
+            try:
+                out.append((await erasure.open_body(keyring, i.effect_id, i.request, i.request_digest))["order"])
+            except BodyErased:
+                out.append(None)
+        return out
+
+    assert asyncio.run(opened(KafkaKeyring(cfg))) == ["a", "b", "c"]
+    r = CliRunner().invoke(
+        main, ["erase", "--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix, "--subject", "cus_42", "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == {"subject_keys_erased": 1}
+    # A reader starting now (a reconciler, an auditor) can open the other subject's body only.
+    assert asyncio.run(opened(KafkaKeyring(cfg))) == [None, None, "c"]
+
+    report = audit(replay_events(cfg, None), 0, now_ms() + 1, now_ms() + 1)
+    assert report.passed and report.undecodable == 0
+    assert {c.name: c.numerator for c in report.checks}["receipts"] == 3

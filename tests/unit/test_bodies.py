@@ -114,7 +114,7 @@ def test_personal_data_never_reaches_the_record_and_conflicts_are_still_caught(t
                 assert json.loads(intent.request) == {WITHHELD: {"sha256": intent.request_digest}}
             else:
                 assert erasure.is_sealed(intent.request)
-                opened = await erasure.open_body(ledger.store, done.effect_id, intent.request, intent.request_digest)
+                opened = await erasure.open_body(ledger.keyring, done.effect_id, intent.request, intent.request_digest)
                 assert opened == REQUEST
             # The same key with a different request is still a conflict (the digest is the full request's).
             changed = {**REQUEST, "customer": {**REQUEST["customer"], "email": "other@example.com"}}  # type: ignore[dict-item]
@@ -156,8 +156,10 @@ def test_erasing_a_subject_makes_its_bodies_unreadable_and_the_audit_still_passe
             assert after == before  # the events are untouched: states, times, digests all stay
             for i in after[:2]:
                 with pytest.raises(BodyErased):
-                    await erasure.open_body(ledger.store, i.effect_id, i.request, i.request_digest)
-            assert await erasure.open_body(ledger.store, after[2].effect_id, after[2].request, after[2].request_digest)
+                    await erasure.open_body(ledger.keyring, i.effect_id, i.request, i.request_digest)
+            assert await erasure.open_body(
+                ledger.keyring, after[2].effect_id, after[2].request, after[2].request_digest
+            )
             # The erased subject's effects are still known, CONFIRMED, with their receipts.
             effect = await ledger.get(after[0].effect_id)
             assert effect is not None and effect.state.value == "CONFIRMED" and effect.receipt is not None
