@@ -124,9 +124,13 @@ class KafkaKeyring:
                 if time.monotonic() > deadline:
                     raise LedgerUnavailable(f"could not read the keys topic {self.topic} within {self.timeout_s:g} s")
                 for m in c.consume(1000, 0.5):
-                    if m.error() is not None or m.key() is None:
+                    raw_key, part, offset = m.key(), m.partition(), m.offset()
+                    if m.error() is not None or part is None or offset is None:
                         continue
-                    kid = m.key().decode("utf-8", "replace")
+                    position[part] = max(position[part], offset + 1)
+                    if raw_key is None:
+                        continue
+                    kid = raw_key.decode("utf-8", "replace")
                     value = m.value()
                     if value is None:
                         out.pop(kid, None)  # erased
@@ -136,7 +140,6 @@ class KafkaKeyring:
                             out[kid] = (str(d["subject_digest"]), base64.b64decode(d["key"]))
                         except (ValueError, KeyError, TypeError):
                             pass  # not a key record: ignored, never fatal
-                    position[m.partition()] = max(position[m.partition()], m.offset() + 1)
             return out
         finally:
             c.close()
