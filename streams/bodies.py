@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.streams.errors import InvalidEffect
+from effect_ledger.streams.errors import EffectTooLarge, InvalidEffect
+from effect_ledger.streams.limits import MAX_REQUEST_BYTES
 
 if TYPE_CHECKING:
     from effect_ledger.streams.erasure import Keyring
@@ -117,7 +118,11 @@ async def stored(
     if policy.mode is BodyMode.DIGEST:
         return _canonical({WITHHELD: {"sha256": request_digest}})
     if policy.mode is BodyMode.REDACT:
-        return _canonical(redacted(json.loads(canonical), policy.redact))
+        text = _canonical(redacted(json.loads(canonical), policy.redact))
+        size = len(text.encode())
+        if size > MAX_REQUEST_BYTES:  # many tiny redacted values can outgrow the request itself
+            raise EffectTooLarge("request (redacted)", size, MAX_REQUEST_BYTES)
+        return text
     from effect_ledger.streams import erasure
 
     subject = subject_of(policy, effect_id, canonical)

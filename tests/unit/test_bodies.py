@@ -225,3 +225,15 @@ def test_effects_erase_cli(tmp_path: Path) -> None:
     assert missing.exit_code != 0
     bad = cli.invoke(main, ["erase", "--db", str(path), "--subject", ""])
     assert bad.exit_code == 1 and bad.output.count("\n") == 1 and bad.output.startswith("effects: ")
+
+
+def test_a_redacted_body_is_bounded_like_the_request() -> None:
+    from effect_ledger.streams.bodies import stored
+    from effect_ledger.streams.errors import EffectTooLarge
+    from effect_ledger.streams.keys import canonical_request
+
+    # Twenty-five thousand one-character e-mails: within the request limit, but their redaction is not.
+    canonical, digest = canonical_request({"to": [{"e": "x"} for _ in range(25_000)]})
+    policy = BodyPolicy(BodyMode.REDACT, ("to.e",))
+    with pytest.raises(EffectTooLarge):
+        run(stored(policy, None, "k", canonical, digest, 0))  # type: ignore[arg-type]  # no keys needed
