@@ -22,10 +22,12 @@ from __future__ import annotations
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.errors import (
+    BodyErased,
     DefiniteFailure,
     EffectClosed,
     EffectConflict,
     EffectInProgress,
+    EffectRetired,
     EffectTooLarge,
     EffectUncertain,
     InvalidEffect,
@@ -99,6 +101,8 @@ __all__ = [
     "EffectUncertain",
     "ReceiptNotRecordable",
     "EffectClosed",
+    "EffectRetired",
+    "BodyErased",
     "DefiniteFailure",
     "LedgerClosed",
     "LedgerUnavailable",

@@ -407,8 +407,10 @@ def _register_ops() -> None:
     from effect_ledger.processors.cli_console import console_command
     from effect_ledger.processors.cli_mcp import mcp_proxy
     from effect_ledger.processors.cli_ops import register
+    from effect_ledger.processors.cli_retention import register as register_retention
 
     register(main)
+    register_retention(main)
     main.add_command(mcp_proxy)
     main.add_command(assess_command)
     main.add_command(console_command)

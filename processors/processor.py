@@ -50,6 +50,7 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
+from effect_ledger.processors import retirement
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
@@ -57,7 +58,7 @@ from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncert
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import TOKEN_ENV
-from effect_ledger.streams.model import Executed, State, Timeout, is_event, misplaced
+from effect_ledger.streams.model import Executed, Retirement, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
 
@@ -347,6 +348,9 @@ class LedgerProcessor:
             return
         if self.metrics is not None:
             self.metrics.events.labels(kind=type(ev).__name__).inc()
+        if isinstance(ev, Retirement) and not from_decisions:
+            await retirement.apply(self, msg, ev)  # a command to the table, not a fact (retention)
+            return
         why = misplaced(ev, decisions_topic=from_decisions)
         if why is not None:
             # Folded, a state record or a reconcilers' work item would be taken for a fact about
@@ -364,6 +368,9 @@ class LedgerProcessor:
             return
         try:
             previous = self.table.get(key)
+            if previous is not None and retirement.is_marker(previous):
+                await self.dead_letter(msg, retirement.refusal(previous))  # a retired key stays retired
+                return
             before = self._load(key, previous)
             after, emitted = apply(before, ev)
         except Exception as e:  # a record that cannot be applied must not stop the partition
@@ -618,6 +625,8 @@ class LedgerProcessor:
         value = self.table.get(key)
         if value is None:
             return view.json({"effect_id": key, "known": False, "partition": p, "high_watermark": hw}, status=404)
+        if retirement.is_marker(value):
+            return view.json(retirement.lookup_answer(key, value), status=410)
         effect = self._load(key)
         assert effect is not None
         st = to_state(effect)

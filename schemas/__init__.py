@@ -23,6 +23,7 @@ NAMES = (
     "EffectState",
     "UncertainEffect",
     "DeadLetter",
+    "Retirement",
 )
 
 

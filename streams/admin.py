@@ -30,6 +30,15 @@ class TopicSpec:
     config: dict[str, str]
 
 
+KEYS_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "segment.ms": str(3600 * 1000),  # roll hourly: the cleaner only compacts closed segments
+    "min.cleanable.dirty.ratio": "0.01",
+    "delete.retention.ms": str(3600 * 1000),  # how long a tombstone (an erasure) stays readable
+    "min.compaction.lag.ms": "0",
+}
+
+
 def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
     """The topics of DESIGN.md with their configs. All share one partition count: the processor's
     table changelog must be co-partitioned with ``effects.events``."""
@@ -45,6 +54,10 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
         # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
         # processor folds both into one table.
         TopicSpec(t.decisions, cfg.partitions, cfg.replication, keep),
+        # The keys of encrypted request bodies (streams/keyring_kafka.py): compacted, and cleaned
+        # soon after a key is erased (its tombstone), so an erased key leaves the broker's disks
+        # within hours (segment.ms + delete.retention.ms), not whenever a segment happens to fill.
+        TopicSpec(t.keys, cfg.partitions, cfg.replication, KEYS_TOPIC_CONFIG),
     ]
 
 

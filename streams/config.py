@@ -53,8 +53,13 @@ class Topics:
         """People's decisions, apart from ``events`` so that Kafka ACLs can keep them to operators."""
         return f"{self.prefix}effects.decisions"
 
-    def all(self) -> tuple[str, str, str, str, str]:
-        return (self.events, self.state, self.uncertain, self.dlq, self.decisions)
+    @property
+    def keys(self) -> str:
+        """Erasable keys of encrypted request bodies (compacted; a tombstone erases a key)."""
+        return f"{self.prefix}effects.keys"
+
+    def all(self) -> tuple[str, ...]:
+        return (self.events, self.state, self.uncertain, self.dlq, self.decisions, self.keys)
 
 
 @dataclass(frozen=True)

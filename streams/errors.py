@@ -122,6 +122,29 @@ class EffectClosed(LedgerError):
         return type(self), (self.effect_id, self.state, self.reason)
 
 
+class EffectRetired(LedgerError):
+    """The key belongs to a closed effect that was retired (its events deleted after the retention
+    period, see ``effect_ledger.streams.retention``). A retired key is never executed again, whatever
+    its last state was: use a new key (a new step) for a new write."""
+
+    def __init__(self, effect_id: str, state: str, retired_ms: int) -> None:
+        super().__init__(
+            f"effect {effect_id} was {state} and has been retired (at {retired_ms} ms since the epoch): "
+            "a retired key is never executed again; use a new key for a new write"
+        )
+        self.effect_id = effect_id
+        self.state = state
+        self.retired_ms = retired_ms
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int]]:
+        return type(self), (self.effect_id, self.state, self.retired_ms)
+
+
+class BodyErased(LedgerError):
+    """A request body was encrypted with a subject's key, and that key has been erased
+    (``effects erase``): the body can no longer be read. States, times and digests remain."""
+
+
 class DecisionRefused(LedgerError, ValueError):
     """A person's decision that could cause a second execution was refused: ABSENT while the
     attempt may still land at the destination. Retry after ``retry_after_ms`` when known."""

@@ -18,14 +18,17 @@ the executor then loads again and plans again.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.streams import crashpoints
+from effect_ledger.streams import bodies, crashpoints, retire_store
 from effect_ledger.streams.effect import Effect, expire
+from effect_ledger.streams.erasure import Keyring
 from effect_ledger.streams.errors import (
     EffectInProgress,
+    EffectRetired,
     EffectUncertain,
     LedgerClosed,
     LedgerUnavailable,
@@ -85,8 +88,10 @@ class Executor:
         relay: Relay | None = None,
         lookup: ProcessorLookup | None = None,
         sync_timeout: float | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.store = store
+        self.keyring = keyring  # opens sealed request bodies for reconcilers (None: nothing sealed)
         self.clock = clock
         self.targets = targets
         self.relay = relay
@@ -157,6 +162,8 @@ class Executor:
     async def _execute_once(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
         loaded = await self.load(key)
         effect = loaded.effect
+        if effect is None:
+            await self.refuse_retired(key)
         step = plan(self.known(key, loaded), spec)
         if isinstance(step, AskFirst):
             effect, step = await self._ask_first(step, spec, call)
@@ -183,6 +190,13 @@ class Executor:
         effect, resolution = await self.record_answer(effect, target, answer, name)
         return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims)
 
+    async def refuse_retired(self, key: str) -> None:
+        """``EffectRetired`` for a retired key: only such a key has no events yet cannot be
+        created (retire_store's trigger ignores the insert, which reads as a version conflict)."""
+        marker = await retire_store.retired(self.store, key)
+        if marker is not None:
+            raise EffectRetired(key, marker.state, marker.retired_ms)
+
     async def ask(
         self, effect: Effect, target: Target, call: Call | None, call_timeout: float, *, declared: bool = True
     ) -> tuple[Answer | None, str]:
@@ -195,8 +209,14 @@ class Executor:
                 async with asyncio.timeout(call_timeout):
                     return await maybe_await(call(effect.effect_id))
 
+        shown = view(effect)
+        if effect.intent is not None and self.keyring is not None:  # a sealed body is opened, if it can be
+            req = await bodies.readable_request(
+                self.keyring, effect.effect_id, effect.intent.request, effect.intent.request_digest
+            )
+            shown = dataclasses.replace(shown, request=req)
         return await ask(
-            view(effect), target, self.clock(), declared=declared, replay=replay,
+            shown, target, self.clock(), declared=declared, replay=replay,
             receipt_of=lambda value: receipt_of(target, value)[0],
         )  # fmt: skip
 
@@ -226,7 +246,7 @@ class Executor:
             namespace=spec.namespace,
             run_id=spec.run_id,
             step=spec.step,
-            request=spec.canonical,
+            request=spec.recorded,
             request_digest=spec.digest,
             deadline_ms=deadline,
             worker=self.worker,

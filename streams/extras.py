@@ -23,6 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "processor": ("confluent_kafka", "faust", "aiokafka", "rocksdict"),
     "postgres": ("psycopg",),  # `effects sink --to postgresql://...`
     "metrics": ("prometheus_client",),
+    "erasure": ("cryptography",),  # encrypted, erasable request bodies (body = "encrypt")
 }
 
 

@@ -39,6 +39,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from effect_ledger.streams import bodies
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
 from effect_ledger.streams.errors import (
@@ -47,6 +48,7 @@ from effect_ledger.streams.errors import (
     LedgerClosed,
     UnknownEffect,
 )
+from effect_ledger.streams.erasure import FileKeyring, Keyring
 from effect_ledger.streams.executor import Call, Executor
 from effect_ledger.streams.extras import require
 from effect_ledger.streams.keys import (
@@ -96,9 +98,12 @@ class Ledger:
         lookup: ProcessorLookup | None = None,
         sync_timeout: float | None = None,
         metrics_server: Any = None,
+        keyring: Keyring | None = None,
     ) -> None:
         """A ledger on an open ``store``. ``sync_timeout`` None: intents do not wait for the broker;
-        ``metrics_server`` is shut down by ``close``."""
+        ``metrics_server`` is shut down by ``close``; ``keyring`` holds the keys of encrypted request
+        bodies (default: the file's; in Kafka mode ``open`` gives the effects.keys topic's, so that
+        one ``effects erase`` reaches every host)."""
         self._store = store
         self._clock = clock
         self._default_timeout = default_timeout
@@ -107,7 +112,10 @@ class Ledger:
         self._relay = relay
         self._lookup = lookup
         self._metrics_server = metrics_server
-        self._executor = Executor(store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout)
+        self.keyring: Keyring = keyring if keyring is not None else FileKeyring(store)
+        self._executor = Executor(
+            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout, keyring=self.keyring
+        )
         self.worker = self._executor.worker
         for t in targets:
             self.register(t)
@@ -168,11 +176,14 @@ class Ledger:
             server = metrics.serve(metrics_port)
         store = await Store.open(path, Durability(durability))
         relay: Relay | None = None
+        keyring: Keyring | None = None
         if kafka is not None:
+            from effect_ledger.streams.keyring_kafka import KafkaKeyring
             from effect_ledger.streams.relay import Relay
 
             cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
             relay = Relay(store, cfg, metrics=metrics)
+            keyring = KafkaKeyring(cfg)
         processor: ProcessorLookup | None = None
         if lookup is not None:
             from effect_ledger.streams.lookup import ProcessorLookup
@@ -188,6 +199,7 @@ class Ledger:
             lookup=processor,
             sync_timeout=sync_timeout if sync else None,
             metrics_server=server,
+            keyring=keyring,
         )
         if relay is not None:
             relay.start()
@@ -212,6 +224,7 @@ class Ledger:
             await self._relay.stop(relay_timeout)
         if self._lookup is not None:
             await self._lookup.close()
+        await self.keyring.close()
         await self._store.close()
 
     @property
@@ -279,7 +292,11 @@ class Ledger:
             raise InvalidEffect(f"timeout must be a number of seconds > 0, got {t_s!r}")
         if not callable(call):
             raise InvalidEffect("call must be a function of the idempotency key")
-        spec = CallSpec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s))
+        # What the intent records of the body: the target's policy (the digest is the full request's).
+        stored = await bodies.stored(
+            self.target(target).body, self.keyring, key, canonical, request_digest, self._clock()
+        )
+        spec = CallSpec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s), stored)
         return await self._executor.execute(key, spec, call)
 
     async def reconcile(self, key: str, call: Call | None = None) -> Effect | None:
@@ -323,6 +340,8 @@ class Ledger:
         loaded = await self._store.load(key)
         if loaded.effect is None and self._lookup is not None:
             loaded = await merge_remote(self._store, self._lookup, key, loaded, self._clock)
+        if loaded.effect is None:
+            await self._executor.refuse_retired(key)
         if loaded.effect is None and not allow_unknown:
             raise UnknownEffect(key, str(self._store.path))
         ev = Receipt(new_event_id(), key, self._clock(), attempt, receipt_id, kind, receipt_text(value)[0])

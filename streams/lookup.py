@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 
-from effect_ledger.streams.errors import LedgerLagging, LedgerUnavailable
+from effect_ledger.streams.errors import EffectRetired, LedgerLagging, LedgerUnavailable
 from effect_ledger.streams.keyurl import key_url
 
 TOKEN_ENV = "EFFECTS_WEB_TOKEN"
@@ -76,6 +76,9 @@ def _events_of(status: int, body: Any, key: str, url: str) -> list[bytes]:
         raise refuse(f"about {body.get('effect_id')!r}, not the effect asked for")
     if status == 404 and body.get("known") is False:
         return []
+    if status == 410 and body.get("retired") is True:
+        # Retired (streams/retention.py): never executed again, whatever its last state.
+        raise EffectRetired(key, str(body.get("state")), int(body.get("retired_ms") or 0))
     events = body.get("events")
     if status != 200 or body.get("known") is not True or not isinstance(events, list):
         raise refuse("not a lookup answer")

@@ -253,4 +253,17 @@ class DeadLetter:
     value: bytes | None = field(default=None)
 
 
-RECORD_TYPES: tuple[type, ...] = (*EVENT_TYPES, EffectState, UncertainEffect, DeadLetter)
+@dataclass(frozen=True, slots=True)
+class Retirement:
+    """A command on ``effects.events``: retire a closed effect (``effect_ledger.streams.retention``).
+    Not a fact about the effect: the fold never sees it; the processor checks and applies it."""
+
+    event_id: str
+    effect_id: str
+    at_ms: int
+    version: int
+    after_ms: int
+    by: str
+
+
+RECORD_TYPES: tuple[type, ...] = (*EVENT_TYPES, EffectState, UncertainEffect, DeadLetter, Retirement)

@@ -60,6 +60,12 @@ class CallSpec:
     canonical: str  # the canonical JSON request
     digest: str  # its request digest
     timeout: float  # seconds; the intent's deadline is now + timeout
+    stored: str | None = None  # the body as the intent records it (streams/bodies.py); None: canonical
+
+    @property
+    def recorded(self) -> str:
+        """The request body the intent carries: the target's body policy applied, or as given."""
+        return self.canonical if self.stored is None else self.stored
 
 
 @dataclass(frozen=True, slots=True)

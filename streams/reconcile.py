@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from effect_ledger.streams.bodies import BodyPolicy
 from effect_ledger.streams.effect import Effect, uncertain_event
 from effect_ledger.streams.errors import DefiniteFailure
 from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
@@ -142,6 +143,7 @@ class Target:
     # How long one ask of ``reconciler`` may take (None: the reconciler's own ``timeout_s``, such as
     # an HTTP lookup's ``timeout``, else ``DEFAULT_ASK_TIMEOUT_S``); past it the answer is Unknown.
     timeout_s: float | None = None
+    body: BodyPolicy = field(default_factory=BodyPolicy)  # what of a request is recorded (bodies.py)
 
     @property
     def definite(self) -> tuple[type[BaseException], ...]:

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import aiosqlite
 
+from effect_ledger.streams import erasure, retire_store
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.effect import Effect, apply
 from effect_ledger.streams.errors import LedgerClosed, StorageError
@@ -245,7 +246,7 @@ class Store:
             # Checkpoints run off the commit path, from their own connection (see _checkpoints).
             await db.execute("PRAGMA wal_autocheckpoint=0")
             # One transaction: a file has all of the ledger's tables or none (see _refuse_foreign).
-            await db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
+            await db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n{retire_store.SCHEMA}\n{erasure.SCHEMA}\nCOMMIT;")
         except BaseException as e:
             await db.close()
             if isinstance(e, sqlite3.Error):
@@ -316,6 +317,11 @@ class Store:
             "SELECT claim_owner, claim_until_ms FROM effects WHERE effect_id = ?", (effect_id,)
         ).fetchone()
         return Loaded(effect, Claim(row[0], row[1]) if row else Claim(None, None))
+
+    async def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn(connection)`` on the connection's thread, database errors as ``StorageError``:
+        for the modules that keep tables of their own in the file (``retire_store``, ``erasure``)."""
+        return await self._run(lambda: fn(self._db._conn))
 
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """Read-only SQL over the ledger (``effects`` and ``events`` tables)."""

@@ -20,6 +20,9 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
 
     [targets.sms]
     lookup = "none"   # nothing can ask this destination: an uncertain effect goes to a person
+    body = "redact"                      # what of a request is recorded: "full" (default),
+    redact = ["phone", "text"]           # "redact" these fields, "digest" only, or "encrypt"
+                                         # with subject = "customer.id" (erasable: bodies.py)
 
 Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
 ``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
@@ -42,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from effect_ledger.streams import bodies
 from effect_ledger.streams.errors import TargetsError
 from effect_ledger.streams.http_reconciler import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.streams.keys import check_name
@@ -49,6 +53,7 @@ from effect_ledger.streams.reconcile import Backoff, CallableReconciler, Reconci
 from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
 
 ENV_VAR = "EFFECTS_TARGETS"
+BODY_SETTINGS = ("body", "redact", "subject")  # what of a request is recorded: effect_ledger.streams.bodies
 MAX_FILE_BYTES = 1 << 20  # a declaration, not a data set
 NONE = "none"
 # Sections of the same file that another reader owns: [mcp] declares the write tools of an MCP
@@ -56,7 +61,10 @@ NONE = "none"
 # targets declared here. Every other unknown section is a mistake.
 SECTIONS_READ_ELSEWHERE = frozenset({"mcp"})
 
-_COMMON = {"lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff"}
+_COMMON = {
+    "lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff",
+    *BODY_SETTINGS,
+}  # fmt: skip
 _HTTP = {
     "timeout",
     "headers",
@@ -229,6 +237,7 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         definite_errors=errors,
         receipt_id=receipt_fn,
         backoff=_backoff(body.get("backoff"), fail),
+        body=bodies.parse(body, fail),
     )
 
 

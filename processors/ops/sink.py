@@ -51,6 +51,7 @@ class SinkStats:
     records: int = 0
     batches: int = 0
     skipped: int = 0
+    deleted: int = 0  # tombstones: rows of retired effects deleted
 
 
 class StateSink:
@@ -107,17 +108,26 @@ class StateSink:
         return self.stats
 
     def _write(self, msgs: list, position: dict[int, int]) -> None:  # type: ignore[type-arg]
-        rows = []
+        # The last record of each key in the batch wins: a state, or a tombstone (the effect was
+        # retired, streams/retention.py), which deletes its row as a compacted read drops the key.
+        latest: dict[str, dict[str, Any] | None] = {}
         for m in msgs:
-            try:
-                st = self.codec.decode(m.value())
-            except DecodeError:
-                self.stats.skipped += 1
+            if m.value() is None and m.key() is not None:
+                latest[m.key().decode("utf-8", "replace")] = None
+                self.stats.deleted += 1
             else:
-                rows.append(effect_row(st))
+                try:
+                    st = self.codec.decode(m.value())
+                except DecodeError:
+                    self.stats.skipped += 1
+                else:
+                    latest.pop(st.effect_id, None)  # keep the batch's order: a retire after it comes last
+                    latest[st.effect_id] = effect_row(st)
             position[m.partition()] = max(position[m.partition()], m.offset() + 1)
-        # Rows and offsets in one transaction: a restart neither loses nor doubles a row.
-        self.store.write(rows, self.topic, position)
+        rows = [r for r in latest.values() if r is not None]
+        deletes = [k for k, r in latest.items() if r is None]
+        # Rows, deletions and offsets in one transaction: a restart neither loses nor doubles a row.
+        self.store.write(rows, self.topic, position, deletes)
         self.stats.records += len(msgs)
         self.stats.batches += 1
 

@@ -78,7 +78,9 @@ class SinkStore(Protocol):
 
     def offsets(self, topic: str) -> dict[int, int]: ...
 
-    def write(self, rows: Sequence[dict[str, Any]], topic: str, offsets: dict[int, int]) -> None: ...
+    def write(
+        self, rows: Sequence[dict[str, Any]], topic: str, offsets: dict[int, int], deletes: Sequence[str] = ()
+    ) -> None: ...
 
     def close(self) -> None: ...
 
@@ -104,10 +106,13 @@ class SqliteStore:
         rows = self.db.execute("SELECT partition, next_offset FROM sink_offsets WHERE topic = ?", (topic,))
         return {p: o for p, o in rows}
 
-    def write(self, rows: Sequence[dict[str, Any]], topic: str, offsets: dict[int, int]) -> None:
+    def write(
+        self, rows: Sequence[dict[str, Any]], topic: str, offsets: dict[int, int], deletes: Sequence[str] = ()
+    ) -> None:
         self.db.execute("BEGIN IMMEDIATE")
         try:
             self.db.executemany(_upsert(":{}"), rows)
+            self.db.executemany("DELETE FROM effects WHERE effect_id = ?", [(k,) for k in deletes])
             self.db.executemany(_offset_upsert(":{}"), _offset_rows(topic, offsets))
             self.db.execute("COMMIT")
         except BaseException:
@@ -161,10 +166,14 @@ class PostgresStore:
         rows = self.db.execute("SELECT partition, next_offset FROM sink_offsets WHERE topic = %s", (topic,))
         return {p: o for p, o in rows.fetchall()}
 
-    def write(self, rows: Sequence[dict[str, Any]], topic: str, offsets: dict[int, int]) -> None:
+    def write(
+        self, rows: Sequence[dict[str, Any]], topic: str, offsets: dict[int, int], deletes: Sequence[str] = ()
+    ) -> None:
         try:
             with self.db.transaction(), self.db.cursor() as cur:
                 cur.executemany(_upsert("%({})s"), rows)
+                if deletes:
+                    cur.executemany("DELETE FROM effects WHERE effect_id = %s", [(k,) for k in deletes])
                 cur.executemany(_offset_upsert("%({})s"), _offset_rows(topic, offsets))
         except self._error as e:
             raise SourceError(f"--to {self.describe}: {_one_line(e)} (the batch was rolled back)") from None

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from effect_ledger.streams.codec import Codec, DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import EffectState, Event, misplaced
+from effect_ledger.streams.model import EffectState, Event, Retirement, misplaced
 from effect_ledger.streams.partition import partition_for
 
 if TYPE_CHECKING:
@@ -248,6 +248,8 @@ def _decoded(codec: Codec, value: bytes | None, decisions_topic: bool) -> tuple[
         record = codec.decode(value)
     except DecodeError as e:
         return None, str(e)
+    if isinstance(record, Retirement):
+        return None, None  # a command to the processor (retention), not a fact about the effect
     why = misplaced(record, decisions_topic=decisions_topic)
     return (None, why) if why is not None else (record, None)
 
@@ -266,6 +268,8 @@ def replay_events(
         for key, value, p, off in replay_topic(cfg, topic, from_ms, progress):
             in_window = ends is None or off < ends.get(p, 0)
             event, error = _decoded(codec, value, decisions)
+            if event is None and error is None:
+                continue  # a retention command: the audit counts facts only
             yield Replayed(event, error, p, off, _key_text(key), in_window)
 
 
@@ -291,7 +295,10 @@ def latest_states(cfg: KafkaConfig, progress: Progress | None = None) -> dict[st
     """The latest state of every effect, from the compacted ``effects.state``."""
     codec = default_codec()
     out: dict[str, EffectState] = {}
-    for _k, value, _p, _off in replay_topic(cfg, cfg.topics.state, None, progress):
+    for k, value, _p, _off in replay_topic(cfg, cfg.topics.state, None, progress):
+        if value is None and k is not None:
+            out.pop(k.decode("utf-8", "replace"), None)  # a tombstone: the effect was retired
+            continue
         try:
             st = codec.decode(value)
         except DecodeError:

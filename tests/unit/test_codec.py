@@ -71,6 +71,7 @@ SAMPLES: list[Any] = [
     m.DeadLetter(1_700_000_000_600, "processor", "effects.events", 3, 12_345, "cannot decode: ✗",
                  b"refund:order-42", b"\xc3\x01\x00\xff"),
     m.DeadLetter(1_700_000_000_601, "processor", "effects.events", 0, 0, "null record"),
+    m.Retirement("ev-11", "refund:order-42", 1_702_592_000_000, 7, 30 * 86_400_000, "os:oncall@host-ß"),
 ]
 
 
