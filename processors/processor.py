@@ -41,10 +41,10 @@ import hmac
 import logging
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.types import TP
@@ -253,9 +253,12 @@ class LedgerProcessor:
             async for event in stream.events():
                 await self.handle(event)
 
-        @app.on_rebalance_complete.connect
-        async def rewind_uncommitted(sender: Any, **_: Any) -> None:
-            await self.rewind_uncommitted()
+        def rewind_uncommitted(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> Awaitable[None]:
+            return self.rewind_uncommitted()
+
+        # (mode's handler type names the signal's generic sender type, which a plain function here
+        # cannot spell; faust calls it as receiver(sender, signal=...) and awaits what it returns.)
+        app.on_rebalance_complete.connect(cast(Any, rewind_uncommitted))
 
         @app.timer(interval=self.s.timer_interval_s, name="deadlines")
         async def deadlines() -> None:
@@ -304,7 +307,7 @@ class LedgerProcessor:
         restart skipped them for good (an intent never folded, a deadline never watched). The
         group's policy for a partition without a commit is "from the earliest record": say it
         with an explicit seek, which also drops whatever was fetched ahead."""
-        consumer = self.app.consumer
+        consumer: Any = self.app.consumer  # faust's Consumer (ConsumerT does not declare the seeks)
         sources = {self.events.get_topic_name(), self.decisions.get_topic_name()}
         tps = [tp for tp in consumer.assignment() if tp.topic in sources]
         if not tps:
