@@ -45,6 +45,8 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
         # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
         # processor folds both into one table.
         TopicSpec(t.decisions, cfg.partitions, cfg.replication, keep),
+        # Every writer schema, one record per fingerprint for ever (streams/schema_topic.py).
+        TopicSpec(t.schemas, 1, cfg.replication, {"cleanup.policy": "compact"}),
     ]
 
 

@@ -5,6 +5,12 @@ fingerprint of the writer schema's parsing canonical form, then the schemaless A
 library can decode it without a schema registry. The schema's full name also travels in the Kafka
 header ``HEADER`` so tools can route records without decoding them.
 
+Schemas evolve under ``schemas/COMPATIBILITY.md``: every released writer schema
+(``schemas/history/``) decodes, resolved into the current reader schema. A writer schema newer than
+this release is learned at run time: a codec given a ``resolver`` (``effect_ledger.streams.schema_topic``
+reads the compacted ``effects.schemas`` topic, keyed by fingerprint) asks it once per unknown
+fingerprint, and raises ``UnknownSchema`` when it has no answer.
+
 Python objects become dicts only here, at the boundary.
 """
 
@@ -23,19 +29,38 @@ from fastavro.validation import validate as _validate
 
 from effect_ledger import schemas
 from effect_ledger.streams import model
+from effect_ledger.streams.errors import LedgerError
 
 MAGIC = b"\xc3\x01"
 HEADER = "effect-ledger.schema"
 _PREFIX_LEN = len(MAGIC) + 8
 
 
-class DecodeError(ValueError):
+class DecodeError(LedgerError, ValueError):
     """The bytes are not a record this codec knows: wrong magic, unknown fingerprint, truncated or
     trailing bytes, or a body that does not match its schema."""
 
 
-class EncodeError(ValueError):
+class UnknownSchema(DecodeError):
+    """The record's writer schema is neither one this release ships nor one its resolver could find
+    (in ``effects.schemas``, within its bounded wait). ``fingerprint``: the 8 bytes of the header."""
+
+    def __init__(self, fingerprint: bytes, detail: str = "") -> None:
+        super().__init__(f"unknown schema fingerprint {fingerprint.hex()}{detail}")
+        self.fingerprint = fingerprint
+
+    def __reduce__(self) -> tuple[type, tuple[bytes]]:
+        return (type(self), (self.fingerprint,))
+
+
+class EncodeError(LedgerError, ValueError):
     """The object does not fit its schema (a missing field, a wrong type)."""
+
+
+#: Asked for the writer schema of an unknown fingerprint (8 bytes, as in the header): the schema as
+#: parsed JSON, or None when it is not there; raises LookupError (with the reason) when it could
+#: not look. Called once per fingerprint per codec, again only after it found nothing.
+Resolver = Callable[[bytes], "dict[str, Any] | None"]
 
 
 def schema_fingerprint(schema: dict[str, Any]) -> bytes:
@@ -84,7 +109,9 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
 class Codec:
     """Encodes and decodes the records of ``effect_ledger.streams.model`` with the schemas of ``schemas/``."""
 
-    def __init__(self) -> None:
+    def __init__(self, resolver: Resolver | None = None) -> None:
+        self.resolver = resolver
+        self._known: dict[bytes, dict[str, Any]] = {}  # fingerprint -> writer schema as JSON
         self._writers: dict[type, _Writer] = {}
         self._readers: dict[bytes, _Reader] = {}
         self._current: dict[str, Any] = {}
@@ -102,6 +129,7 @@ class Codec:
             self._current[full] = parsed
             self._builders[full] = _builder(cls)
             self._readers[prefix[2:]] = _Reader(full, parsed, None, self._builders[full])
+            self._known[prefix[2:]] = raw
         for raw in schemas.history():
             self.register_writer(raw)
 
@@ -115,7 +143,45 @@ class Codec:
         fp = schema_fingerprint(raw)
         if fp not in self._readers:
             self._readers[fp] = _Reader(full, parsed, self._current[full], self._builders[full])
+            self._known[fp] = raw
         return fp
+
+    def knows(self, fp: bytes) -> bool:
+        """Whether records with this writer fingerprint decode without asking the resolver."""
+        return fp in self._readers
+
+    def writer_schemas(self) -> dict[bytes, dict[str, Any]]:
+        """Every writer schema this codec knows, by fingerprint: the current ones (what it writes),
+        the released history, and any learned at run time. What a writer publishes to
+        ``effects.schemas``."""
+        return dict(self._known)
+
+    def fingerprint_of(self, obj_or_cls: Any) -> bytes:
+        """The 8-byte fingerprint this codec writes for a record type."""
+        return self._writer(obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)).prefix[2:]
+
+    def _learn(self, fp: bytes) -> _Reader:
+        """The reader for an unknown fingerprint, from the resolver; UnknownSchema when there is none
+        or its answer is not a schema of a record this release knows."""
+        if self.resolver is None:
+            raise UnknownSchema(fp)
+        try:
+            raw = self.resolver(fp)
+        except LookupError as e:
+            raise UnknownSchema(fp, f" (and the schemas could not be looked up: {e})") from e
+        if raw is None:
+            raise UnknownSchema(fp, " (not in the schemas topic either)")
+        try:
+            got = schema_fingerprint(raw)
+        except Exception as e:  # fastavro raises several types for a malformed schema
+            raise UnknownSchema(fp, f" (the schema found for it does not parse: {e})") from e
+        if got != fp:
+            raise UnknownSchema(fp, f" (the schema found for it has fingerprint {got.hex()})")
+        try:
+            self.register_writer(raw)
+        except ValueError as e:
+            raise UnknownSchema(fp, f" ({e})") from e
+        return self._readers[fp]
 
     def _writer(self, cls: type) -> _Writer:
         try:
@@ -150,6 +216,8 @@ class Codec:
         return HEADER, self._writer(type(obj)).full_name.encode()
 
     def decode(self, data: bytes | bytearray | memoryview | None) -> Any:
+        """The model object of one single-object-encoded record, resolved from its writer schema into
+        the current one. Raises DecodeError (UnknownSchema for an unknown writer schema)."""
         if data is None:
             raise DecodeError("no value (null record)")
         data = bytes(data)
@@ -160,7 +228,7 @@ class Codec:
         fp = data[2:_PREFIX_LEN]
         r = self._readers.get(fp)
         if r is None:
-            raise DecodeError(f"unknown schema fingerprint {fp.hex()}")
+            r = self._learn(fp)
         buf = io.BytesIO(data)
         buf.seek(_PREFIX_LEN)
         try:

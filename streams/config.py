@@ -53,8 +53,13 @@ class Topics:
         """People's decisions, apart from ``events`` so that Kafka ACLs can keep them to operators."""
         return f"{self.prefix}effects.decisions"
 
-    def all(self) -> tuple[str, str, str, str, str]:
-        return (self.events, self.state, self.uncertain, self.dlq, self.decisions)
+    @property
+    def schemas(self) -> str:
+        """Every writer schema, keyed by fingerprint (compacted): how readers learn newer schemas."""
+        return f"{self.prefix}effects.schemas"
+
+    def all(self) -> tuple[str, str, str, str, str, str]:
+        return (self.events, self.state, self.uncertain, self.dlq, self.decisions, self.schemas)
 
 
 @dataclass(frozen=True)
