@@ -48,6 +48,7 @@ from effect_ledger.streams.codec import HEADER, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.limits import MAX_DEAD_LETTER_COPY_BYTES, MAX_EVENT_BYTES
 from effect_ledger.streams.model import DeadLetter
+from effect_ledger.streams.schema_topic import SchemaPublisher
 from effect_ledger.streams.store import Store
 
 log = logging.getLogger("effect_ledger.relay")
@@ -116,6 +117,8 @@ class Relay:
         self._producer_extra = producer
         self._max_message = MAX_EVENT_BYTES  # what the producer accepts; fitted to the topic's limit
         self._producer = self._new_producer()
+        # Readers learn the schemas of the outbox's bytes from effects.schemas: published before the first send.
+        self._schemas = SchemaPublisher(cfg, default_codec())
         self._fitted = False  # the topic's limit was read (see _fit_topic_limit)
         self._next_fit = 0.0
         self._wake = asyncio.Event()
@@ -240,6 +243,7 @@ class Relay:
     def _send(self, rows: list[tuple[int, str, str, bytes]]) -> _Produced:
         """Produce a batch (in a worker thread); rows the broker refused with their batch are sent
         again until each is acknowledged or refused on its own (see the module docstring)."""
+        self._schemas.ensure()
         if not self._fitted and time.monotonic() >= self._next_fit:
             self._fit_topic_limit()
         first = self._produce(rows)

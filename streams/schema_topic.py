@@ -24,6 +24,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
@@ -56,13 +57,13 @@ def schema_value(raw: dict[str, Any]) -> bytes:
     return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def publish_schemas(cfg: KafkaConfig, codec: Codec, timeout: float = 30.0) -> int:
-    """Publish every writer schema ``codec`` knows to ``effects.schemas`` and wait until the broker
+def publish_schemas(cfg: KafkaConfig, writer_schemas: Iterable[dict[str, Any]], timeout: float = 30.0) -> int:
+    """Publish writer schemas (parsed JSON) to ``effects.schemas`` and wait until the broker
     acknowledged each (acks=all). Returns how many were published. Raises SchemaTopicError."""
     from confluent_kafka import KafkaException, Producer
 
     topic = cfg.topics.schemas
-    known = codec.writer_schemas()
+    known = {schema_fingerprint(raw): raw for raw in writer_schemas}
     errors: list[str] = []
 
     def report(err: Any, _msg: Any) -> None:
@@ -109,7 +110,7 @@ class SchemaPublisher:
             return
         with self._lock:
             if key not in self._done:
-                publish_schemas(self.cfg, self.codec, self.timeout)
+                publish_schemas(self.cfg, self.codec.writer_schemas().values(), self.timeout)
                 self._done.add(key)
 
 
