@@ -48,7 +48,7 @@ from effect_ledger.streams.codec import HEADER, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.limits import MAX_DEAD_LETTER_COPY_BYTES, MAX_EVENT_BYTES
 from effect_ledger.streams.model import DeadLetter
-from effect_ledger.streams.schema_topic import SchemaPublisher
+from effect_ledger.streams.schema_topic import SchemaPublisher, SchemaTopicError
 from effect_ledger.streams.store import Store
 
 log = logging.getLogger("effect_ledger.relay")
@@ -164,6 +164,10 @@ class Relay:
 
     async def _run(self) -> None:
         await self._init_watermark()
+        try:  # early, so the first send does not wait for it; _send tries again if this failed
+            await asyncio.to_thread(self._schemas.ensure)
+        except SchemaTopicError as e:
+            log.warning("%s; retrying before the first send", e)
         backoff = 0.1
         while not self._stop.is_set():
             try:

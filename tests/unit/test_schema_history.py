@@ -13,6 +13,11 @@ import copy
 import io
 import itertools
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import fastavro
@@ -226,3 +231,18 @@ def test_the_codec_accepts_every_released_writer() -> None:
     for v in VERSIONS.values():
         for raw in v.values():
             assert codec.knows(schema_fingerprint(raw))
+
+
+@pytest.mark.skipif(
+    not (shutil.which("java") and shutil.which("mvn")), reason="needs java and mvn (Apache Avro's Java checker)"
+)
+def test_official_java_checker_agrees() -> None:
+    """``make schemas-check``: Apache Avro's own SchemaCompatibility over every pair, and Java's
+    parsingFingerprint64 equal to ours."""
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        ["bash", str(root / "scripts/schemas-check.sh")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert " 0 incompatible" in run.stdout and "equals the Python codec's for all 9 records" in run.stdout
