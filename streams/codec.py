@@ -11,6 +11,10 @@ this release is learned at run time: a codec given a ``resolver`` (``effect_ledg
 reads the compacted ``effects.schemas`` topic, keyed by fingerprint) asks it once per unknown
 fingerprint, and raises ``UnknownSchema`` when it has no answer.
 
+Optionally (``registry``, see ``effect_ledger.streams.registry``) records are framed the Confluent
+Schema Registry way instead: byte ``0``, the 4-byte big-endian schema id, the same body. A codec with
+a registry decodes both framings; ``frame_writes`` makes ``encode`` (and ``to_wire``) write it.
+
 Python objects become dicts only here, at the boundary.
 """
 
@@ -20,7 +24,7 @@ import dataclasses
 import io
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, cast, get_type_hints
+from typing import Any, Protocol, cast, get_type_hints
 
 import fastavro
 from fastavro.schema import fingerprint, parse_schema, to_parsing_canonical_form
@@ -34,6 +38,17 @@ from effect_ledger.streams.errors import LedgerError
 MAGIC = b"\xc3\x01"
 HEADER = "effect-ledger.schema"
 _PREFIX_LEN = len(MAGIC) + 8
+#: Confluent Schema Registry framing: this byte, then the schema id (4 bytes, big-endian), the body.
+REGISTRY_MAGIC = b"\x00"
+_REGISTRY_PREFIX_LEN = 5
+
+
+class Registry(Protocol):
+    """What framing needs of a schema registry (``effect_ledger.streams.registry.RegistryClient``)."""
+
+    def register(self, raw: dict[str, Any]) -> int: ...
+
+    def schema(self, schema_id: int) -> dict[str, Any]: ...
 
 
 class DecodeError(LedgerError, ValueError):
@@ -109,8 +124,18 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
 class Codec:
     """Encodes and decodes the records of ``effect_ledger.streams.model`` with the schemas of ``schemas/``."""
 
-    def __init__(self, resolver: Resolver | None = None) -> None:
+    def __init__(
+        self, resolver: Resolver | None = None, registry: Registry | None = None, frame_writes: bool = False
+    ) -> None:
+        """``resolver``: where unknown writer schemas are looked up. ``registry``: a Schema Registry,
+        to read (and with ``frame_writes``, to write) the registry framing."""
+        if frame_writes and registry is None:
+            raise ValueError("frame_writes needs a registry")
         self.resolver = resolver
+        self.registry = registry
+        self.frame_writes = frame_writes
+        self._registry_ids: dict[bytes, int] = {}  # fingerprint -> schema id
+        self._by_registry_id: dict[int, bytes] = {}  # schema id -> fingerprint
         self._known: dict[bytes, dict[str, Any]] = {}  # fingerprint -> writer schema as JSON
         self._writers: dict[type, _Writer] = {}
         self._readers: dict[bytes, _Reader] = {}
@@ -209,7 +234,54 @@ class Codec:
             fastavro.schemaless_writer(buf, w.parsed, record)
         except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:
             raise EncodeError(f"cannot encode {w.name}: {e}") from e
-        return buf.getvalue()
+        return self.to_wire(buf.getvalue()) if self.frame_writes else buf.getvalue()
+
+    def register_all(self) -> None:
+        """Register every current writer schema with the registry now, so that ``encode`` never waits
+        on it. Raises the registry's LedgerError."""
+        if self.registry is not None:
+            for w in self._writers.values():
+                self._registry_id(w.prefix[2:])
+
+    def _registry_id(self, fp: bytes) -> int:
+        schema_id = self._registry_ids.get(fp)
+        if schema_id is None:
+            assert self.registry is not None
+            schema_id = self.registry.register(self._known[fp])
+            self._registry_ids[fp] = schema_id
+            self._by_registry_id[schema_id] = fp
+        return schema_id
+
+    def to_wire(self, data: bytes) -> bytes:
+        """The bytes to produce for a single-object-encoded record: unchanged, or with
+        ``frame_writes`` the registry framing (what the relay does to the outbox's rows)."""
+        if not self.frame_writes or data[:1] == REGISTRY_MAGIC:
+            return data
+        fp = data[2:_PREFIX_LEN]
+        if fp not in self._known:
+            raise EncodeError(f"no schema for fingerprint {fp.hex()} to register")
+        return REGISTRY_MAGIC + self._registry_id(fp).to_bytes(4, "big") + data[_PREFIX_LEN:]
+
+    def _unframe(self, data: bytes) -> bytes:
+        """Registry framing -> single-object encoding, learning the schema id from the registry."""
+        if len(data) < _REGISTRY_PREFIX_LEN:
+            raise DecodeError(f"{len(data)} bytes is shorter than the schema registry header")
+        schema_id = int.from_bytes(data[1:_REGISTRY_PREFIX_LEN], "big")
+        fp = self._by_registry_id.get(schema_id)
+        if fp is None:
+            if self.registry is None:
+                raise DecodeError(
+                    f"Schema Registry framing (schema id {schema_id}): this reader has no schema registry "
+                    "(--schema-registry URL, EFFECTS_SCHEMA_REGISTRY)"
+                )
+            try:
+                raw = self.registry.schema(schema_id)
+                fp = self.register_writer(raw)
+            except (LedgerError, ValueError) as e:
+                raise DecodeError(f"Schema Registry schema id {schema_id}: {e}") from e
+            self._by_registry_id[schema_id] = fp
+            self._registry_ids.setdefault(fp, schema_id)
+        return MAGIC + fp + data[_REGISTRY_PREFIX_LEN:]
 
     def header(self, obj: Any) -> tuple[str, bytes]:
         """The Kafka header that names the record's schema."""
@@ -221,6 +293,8 @@ class Codec:
         if data is None:
             raise DecodeError("no value (null record)")
         data = bytes(data)
+        if data[:1] == REGISTRY_MAGIC:
+            data = self._unframe(data)
         if len(data) < _PREFIX_LEN:
             raise DecodeError(f"{len(data)} bytes is shorter than the single-object header")
         if data[:2] != MAGIC:

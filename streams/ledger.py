@@ -251,8 +251,10 @@ class Ledger:
             ledger.register(t)
         if kafka is not None:
             from effect_ledger.streams.relay import Relay
+            from effect_ledger.streams.schema_topic import kafka_codec
 
             cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
+            store.codec = kafka_codec(cfg)  # lookups hand over other releases' events: learn their schemas
             ledger._relay = Relay(store, cfg, metrics=metrics)
             ledger._relay.start()
         ledger._sync = sync

@@ -30,6 +30,7 @@ from typing import Any
 from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.errors import LedgerError
+from effect_ledger.streams.registry import RegistryClient
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class SchemaPublisher:
         with self._lock:
             if key not in self._done:
                 publish_schemas(self.cfg, self.codec.writer_schemas().values(), self.timeout)
+                self.codec.register_all()  # with a schema registry: encode never waits on it
                 self._done.add(key)
 
 
@@ -204,19 +206,24 @@ class TopicResolver:
             self._schemas[fp] = raw
 
 
-_codecs: dict[tuple[str, str], Codec] = {}
+_codecs: dict[tuple[str, str, str | None, bool], Codec] = {}
+_resolvers: dict[tuple[str, str], TopicResolver] = {}
 _codecs_lock = threading.Lock()
 
 
 def kafka_codec(cfg: KafkaConfig, *, writes: bool = False) -> Codec:
-    """The process-wide codec for one cluster and topic prefix: it learns unknown writer schemas from
-    ``effects.schemas``. ``writes``: this process writes records with it, so its schemas are
-    published first (SchemaTopicError if they cannot be)."""
-    key = (cfg.bootstrap, cfg.prefix)
+    """The process-wide codec for one cluster, topic prefix and schema registry: it learns unknown
+    writer schemas from ``effects.schemas`` and, with ``cfg.schema_registry``, reads the registry
+    framing too. ``writes``: this process writes records with it, so its schemas are published
+    first (SchemaTopicError if they cannot be) and, with a registry, registered (RegistryError) and
+    its records framed the registry way."""
+    key = (cfg.bootstrap, cfg.prefix, cfg.schema_registry, writes)
     with _codecs_lock:
         codec = _codecs.get(key)
         if codec is None:
-            codec = _codecs[key] = Codec(resolver=TopicResolver(cfg))
+            resolver = _resolvers.setdefault((cfg.bootstrap, cfg.prefix), TopicResolver(cfg))
+            registry = RegistryClient(cfg.schema_registry) if cfg.schema_registry else None
+            codec = _codecs[key] = Codec(resolver=resolver, registry=registry, frame_writes=writes and bool(registry))
     if writes:
         SchemaPublisher(cfg, codec).ensure()
     return codec
