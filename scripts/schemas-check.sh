@@ -5,6 +5,7 @@
 # parsingFingerprint64 of each current schema must equal the fingerprint the Python codec writes.
 #
 #   scripts/schemas-check.sh        (make schemas-check)
+#   scripts/schemas-check.sh libs   only fetch the Avro jars; print their folder
 #
 # Settings: AVRO_VERSION (default 1.12.2), EFFECT_LEDGER_CACHE (default ~/.cache/effect-ledger).
 set -euo pipefail
@@ -41,6 +42,11 @@ POM
     die "maven could not resolve org.apache.avro:avro:$version (log above)"
   fi
   rm -rf "$libs" && mv "$libs.tmp" "$libs" && touch "$libs/.complete"
+fi
+
+if [ "${1:-}" = libs ]; then
+  echo "$libs"
+  exit 0
 fi
 
 out=$(java -cp "$libs/*" "$here/SchemaCheck.java" "$root/schemas") || { echo "$out"; die "incompatible schema versions (above)"; }

@@ -271,8 +271,9 @@ class Codec:
         if fp is None:
             if self.registry is None:
                 raise DecodeError(
-                    f"Schema Registry framing (schema id {schema_id}): this reader has no schema registry "
-                    "(--schema-registry URL, EFFECTS_SCHEMA_REGISTRY)"
+                    f"not Avro single-object encoding (starts {data[:2].hex()}, expected c301): byte 0 starts "
+                    f"the Schema Registry framing (schema id {schema_id}), which this reader reads only with "
+                    "a schema registry (--schema-registry URL, EFFECTS_SCHEMA_REGISTRY)"
                 )
             try:
                 raw = self.registry.schema(schema_id)
