@@ -178,15 +178,16 @@ class TopicResolver:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"{topic} not read to its end within {self.wait_s:.0f} s")
-                msg = c.poll(min(left, 1.0))
-                if msg is None:
-                    continue
-                if msg.error() is not None:
-                    continue  # transient (librdkafka retries); the deadline bounds the wait
-                self._next[msg.partition()] = msg.offset() + 1
-                self._take(msg.key(), msg.value())
-                if msg.offset() + 1 >= todo.get(msg.partition(), 0):
-                    todo.pop(msg.partition(), None)
+                msg = c.poll(min(left, 0.5))
+                if msg is not None and msg.error() is None:  # errors are transient: librdkafka retries
+                    self._take(msg.key(), msg.value())
+                # Positions, not record offsets, say when a partition is read to its end (compaction
+                # leaves gaps in offsets).
+                for tp in c.position([TopicPartition(topic, p) for p in todo]):
+                    if tp.offset >= 0:
+                        self._next[tp.partition] = tp.offset
+                    if tp.offset >= todo[tp.partition]:
+                        del todo[tp.partition]
         except (KafkaException, TimeoutError) as e:
             raise LookupError(f"{topic} could not be read: {e}") from e
         finally:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer

@@ -57,7 +57,9 @@ def test_subject_is_the_record_full_name(registry: RegistryServer) -> None:
 
 def test_framed_bytes_without_a_registry_are_a_typed_error(registry: RegistryServer) -> None:
     data = Codec(registry=RegistryClient(registry.url), frame_writes=True).encode(SAMPLES[0])
-    with pytest.raises(DecodeError, match=r"not Avro single-object.*Schema Registry framing \(schema id \d+\).*--schema-registry"):
+    with pytest.raises(
+        DecodeError, match=r"not Avro single-object.*Schema Registry framing \(schema id \d+\).*--schema-registry"
+    ):
         Codec().decode(data)
 
 
