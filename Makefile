@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults test-browser bench lint wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults test-browser bench lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -22,6 +22,7 @@ help:
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make lint               ruff and mypy"
+	@echo "make schemas-check      schema compatibility across schemas/history, with Apache Avro's Java checker"
 	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
 	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
 
@@ -86,6 +87,10 @@ lint: venv
 	@for f in effect_ledger/*; do ln -s "$(CURDIR)/$$f" .typecheck/effect_ledger/; done
 	@for d in schemas streams processors; do ln -s "$(CURDIR)/$$d" .typecheck/effect_ledger/$$d; done
 	@$(VENV)/bin/mypy
+
+# schemas/COMPATIBILITY.md, checked with the official Avro Java library (fetched from Maven Central).
+schemas-check: venv
+	@bash scripts/schemas-check.sh
 
 # The wheel users install (tests/unit/test_wheel.py builds the same one and tries it in a fresh venv).
 wheel: venv

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import sys
 from typing import Any, NoReturn
 
@@ -98,11 +99,20 @@ def _kafka(bootstrap: str | None, prefix: str | None, partitions: int | None) ->
     metavar="SECONDS",
     help="how long a command waits for a Kafka broker before it gives up [each command's own: 5-30 s]",
 )
-def main(verbose: bool, broker_timeout: float | None) -> None:
+@click.option(
+    "--schema-registry",
+    envvar="EFFECTS_SCHEMA_REGISTRY",
+    default=None,
+    metavar="URL",
+    help="a Confluent-compatible Schema Registry: register the schemas there and frame records the registry way",
+)
+def main(verbose: bool, broker_timeout: float | None, schema_registry: str | None) -> None:
     """effect-ledger: an event-sourced ledger of external side effects.
 
     Every error is one line on stderr and exit status 1."""
     configure(verbose, broker_timeout)
+    if schema_registry:  # every command's KafkaConfig.from_env reads it
+        os.environ["EFFECTS_SCHEMA_REGISTRY"] = schema_registry
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
 
 

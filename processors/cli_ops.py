@@ -355,8 +355,9 @@ def tail(
     """Follow effects.state: one line per state change, filterable by state and target. A broker
     that is gone for longer than --give-up-after is one line on stderr and exit 1."""
     from effect_ledger.processors.ops.sources import follow_topic
-    from effect_ledger.streams.codec import DecodeError, default_codec
+    from effect_ledger.streams.codec import DecodeError
     from effect_ledger.streams.model import State
+    from effect_ledger.streams.schema_topic import kafka_codec
 
     with user_errors():
         for s in states:
@@ -364,7 +365,7 @@ def tail(
                 raise ValueError(f"--state {s!r}: one of {', '.join(State.__members__)}")
         cfg = kafka_config(bootstrap, prefix)
     wanted = {s.upper() for s in states}
-    codec = default_codec()
+    codec = kafka_codec(cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     give_up = give_up_after if give_up_after is not None else broker_wait(30.0)

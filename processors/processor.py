@@ -61,6 +61,7 @@ from effect_ledger.streams.lookup import TOKEN_ENV
 from effect_ledger.streams.model import Executed, Retirement, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
+from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.processor")
 
@@ -171,7 +172,7 @@ class LedgerProcessor:
         settings.check_web()
         self.s = settings
         self.metrics = metrics  # a LedgerMetrics (effect_ledger.streams.metrics), or None
-        self.codec = codec_mod.default_codec()
+        self.codec = kafka_codec(settings.kafka, writes=True)  # publishes its schemas, learns newer ones
         k = settings.kafka
         topics = k.topics
         self.app = faust.App(

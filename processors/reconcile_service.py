@@ -23,12 +23,13 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from effect_ledger.streams.codec import DecodeError, EncodeError, default_codec
+from effect_ledger.streams.codec import DecodeError, EncodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.dlq import dead_letter
 from effect_ledger.streams.model import DeadLetter, Resolution, UncertainEffect
 from effect_ledger.streams.reconcile import Target, ask, judge, only_the_agent_can_ask, target_for, view_of_uncertain
 from effect_ledger.streams.relay import producer_config
+from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.reconcilers")
 
@@ -64,7 +65,7 @@ class ReconcileService:
         self.cfg = cfg
         self.metrics = metrics  # a LedgerMetrics, or None
         self.targets = dict(targets)
-        self.codec = default_codec()
+        self.codec = kafka_codec(cfg, writes=True)  # publishes its schemas, learns newer ones
         self.stats = ServiceStats()
         self.batch = batch
         self.max_record_bytes = MAX_RECORD_BYTES

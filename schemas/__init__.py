@@ -1,8 +1,10 @@
 """The Avro schemas of every effect-ledger topic: the language-neutral contract.
 
-Each ``<Name>.avsc`` is the current schema of one record. Older writer schemas, kept so that
-bytes written by an older producer still decode, live in ``history/<Name>.<n>.avsc``.
-This package is data only: it imports nothing from the rest of effect-ledger.
+Each ``<Name>.avsc`` is the current schema of one record. Every released version of the set is
+kept in ``history/v<N>/<Name>.avsc`` (the newest equals the current files; ``v0`` holds the few
+writer schemas that reached topics before ``v1``), so bytes written by any older producer still
+decode, and ``COMPATIBILITY.md`` (checked by ``scripts/schemas-check.sh`` and the unit tests) says
+what a change may do. This package is data only: it imports nothing from the rest of effect-ledger.
 """
 
 from __future__ import annotations
@@ -34,9 +36,18 @@ def load(name: str) -> dict[str, Any]:
     return json.loads((HERE / f"{name}.avsc").read_text())
 
 
-def history() -> list[dict[str, Any]]:
-    """Older writer schemas still accepted on decode, oldest first."""
+def versions() -> dict[int, dict[str, dict[str, Any]]]:
+    """Every released version of the schemas, oldest first: ``{n: {record name: schema}}`` read from
+    ``history/v<n>/``. A version holds the records as that release wrote them (``v0`` only those
+    that changed before ``v1``)."""
     folder = HERE / "history"
-    if not folder.is_dir():
-        return []
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.avsc"))]
+    found: dict[int, dict[str, dict[str, Any]]] = {}
+    for d in folder.glob("v*"):
+        if d.is_dir() and d.name[1:].isdigit():
+            found[int(d.name[1:])] = {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.avsc"))}
+    return dict(sorted(found.items()))
+
+
+def history() -> list[dict[str, Any]]:
+    """Every released writer schema, oldest version first: each is accepted on decode."""
+    return [s for v in versions().values() for s in v.values()]

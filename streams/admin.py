@@ -58,6 +58,8 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
         # soon after a key is erased (its tombstone), so an erased key leaves the broker's disks
         # within hours (segment.ms + delete.retention.ms), not whenever a segment happens to fill.
         TopicSpec(t.keys, cfg.partitions, cfg.replication, KEYS_TOPIC_CONFIG),
+        # Every writer schema, one record per fingerprint for ever (streams/schema_topic.py).
+        TopicSpec(t.schemas, 1, cfg.replication, {"cleanup.policy": "compact"}),
     ]
 
 

@@ -9,6 +9,7 @@ Each setting can come from the environment:
 | ``EFFECTS_TOPIC_PREFIX`` | prefix of every topic name                           | (empty)          |
 | ``EFFECTS_PARTITIONS``   | partitions of the topics this project creates        | 6                |
 | ``EFFECTS_REPLICATION``  | their replication factor                             | 1                |
+| ``EFFECTS_SCHEMA_REGISTRY`` | a Confluent-compatible Schema Registry URL: frame records the registry way | none |
 | ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
   ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE`` | security, passed to every Kafka client | none |
 """
@@ -58,8 +59,13 @@ class Topics:
         """Erasable keys of encrypted request bodies (compacted; a tombstone erases a key)."""
         return f"{self.prefix}effects.keys"
 
+    @property
+    def schemas(self) -> str:
+        """Every writer schema, keyed by fingerprint (compacted): how readers learn newer schemas."""
+        return f"{self.prefix}effects.schemas"
+
     def all(self) -> tuple[str, ...]:
-        return (self.events, self.state, self.uncertain, self.dlq, self.decisions, self.keys)
+        return (self.events, self.state, self.uncertain, self.dlq, self.decisions, self.keys, self.schemas)
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,10 @@ class KafkaConfig:
     # librdkafka's log level (0-7) for every client made from this config; None: librdkafka's own
     # default. The operator commands set 0: a dead broker is their one-line error, not a log flood.
     log_level: int | None = None
+    # A Confluent-compatible Schema Registry: writers register their schemas there and frame records
+    # the registry way (magic byte 0 + 4-byte schema id); readers accept both framings. None: Avro
+    # single-object encoding, no registry (the default).
+    schema_registry: str | None = None
 
     @property
     def topics(self) -> Topics:
@@ -96,6 +106,7 @@ class KafkaConfig:
             "sasl_username": env.get("KAFKA_SASL_USERNAME"),
             "sasl_password": env.get("KAFKA_SASL_PASSWORD"),
             "ssl_cafile": env.get("KAFKA_SSL_CAFILE"),
+            "schema_registry": env.get("EFFECTS_SCHEMA_REGISTRY") or None,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -180,8 +180,10 @@ class Ledger:
         if kafka is not None:
             from effect_ledger.streams.keyring_kafka import KafkaKeyring
             from effect_ledger.streams.relay import Relay
+            from effect_ledger.streams.schema_topic import kafka_codec
 
             cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
+            store.codec = kafka_codec(cfg)  # lookups hand over other releases' events: learn their schemas
             relay = Relay(store, cfg, metrics=metrics)
             keyring = KafkaKeyring(cfg)
         processor: ProcessorLookup | None = None

@@ -44,10 +44,12 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from effect_ledger.streams.codec import HEADER, default_codec
+from effect_ledger.streams.codec import HEADER, Codec
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import LedgerError
 from effect_ledger.streams.limits import MAX_DEAD_LETTER_COPY_BYTES, MAX_EVENT_BYTES
 from effect_ledger.streams.model import DeadLetter
+from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.store import Store
 
 log = logging.getLogger("effect_ledger.relay")
@@ -116,6 +118,9 @@ class Relay:
         self._producer_extra = producer
         self._max_message = MAX_EVENT_BYTES  # what the producer accepts; fitted to the topic's limit
         self._producer = self._new_producer()
+        # Set by the first send: its schemas are published to effects.schemas (readers learn the
+        # outbox's bytes from there) and, with a schema registry, registered; it frames each body.
+        self._wire: Codec | None = None
         self._fitted = False  # the topic's limit was read (see _fit_topic_limit)
         self._next_fit = 0.0
         self._wake = asyncio.Event()
@@ -161,6 +166,10 @@ class Relay:
 
     async def _run(self) -> None:
         await self._init_watermark()
+        try:  # early, so the first send does not wait for it; _send tries again if this failed
+            await asyncio.to_thread(self._wire_codec)
+        except LedgerError as e:
+            log.warning("%s; retrying before the first send", e)
         backoff = 0.1
         while not self._stop.is_set():
             try:
@@ -240,6 +249,8 @@ class Relay:
     def _send(self, rows: list[tuple[int, str, str, bytes]]) -> _Produced:
         """Produce a batch (in a worker thread); rows the broker refused with their batch are sent
         again until each is acknowledged or refused on its own (see the module docstring)."""
+        wire = self._wire_codec()
+        rows = [(seq, key, kind, wire.to_wire(body)) for seq, key, kind, body in rows] if wire.frame_writes else rows
         if not self._fitted and time.monotonic() >= self._next_fit:
             self._fit_topic_limit()
         first = self._produce(rows)
@@ -256,6 +267,11 @@ class Relay:
             refused += alone.refused + alone.by_broker
             error = error or alone.error
         return _Produced(sorted(acked), sorted(refused), [], error)
+
+    def _wire_codec(self) -> Codec:
+        if self._wire is None:
+            self._wire = kafka_codec(self.cfg, writes=True)
+        return self._wire
 
     def _fit_topic_limit(self) -> None:
         """Lower the producer's limits to the events topic's ``max.message.bytes`` (when it is below
@@ -355,7 +371,7 @@ class Relay:
             self.metrics.dead_letters.inc(len(refused))
 
     def _produce_dead_letters(self, letters: list[tuple[str, DeadLetter]]) -> None:
-        codec = default_codec()
+        codec = self._wire_codec()
         p = self._producer
         failed: list[str] = []
 

@@ -17,9 +17,10 @@ from confluent_kafka import Consumer, TopicPartition
 
 from effect_ledger.processors.ops.sink_db import SinkStore, open_store
 from effect_ledger.processors.ops.sources import SourceError, _partitions
-from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.model import EffectState
+from effect_ledger.streams.schema_topic import kafka_codec
 
 MAX_BATCH = 100_000  # records per transaction, at most (--batch)
 
@@ -63,7 +64,7 @@ class StateSink:
         self.topic = cfg.topics.state
         self.stats = SinkStats()
         self.store: SinkStore = open_store(url)
-        self.codec = default_codec()
+        self.codec = kafka_codec(cfg)  # learns newer writers' schemas from effects.schemas
 
     @property
     def describe(self) -> str:

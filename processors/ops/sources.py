@@ -22,6 +22,7 @@ from effect_ledger.streams.codec import Codec, DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.model import EffectState, Event, Retirement, misplaced
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.schema_topic import kafka_codec
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -262,7 +263,7 @@ def replay_events(
     does not fold from that topic). With ``to_ms``, records from the first whose timestamp is at or
     after it on are marked ``in_window=False`` (they are replayed all the same: later events of
     effects begun inside)."""
-    codec = default_codec()
+    codec = kafka_codec(cfg)
     for topic, decisions in _fold_sources(cfg):
         ends = window_ends(cfg, topic, to_ms) if to_ms is not None else None
         for key, value, p, off in replay_topic(cfg, topic, from_ms, progress):
@@ -281,7 +282,7 @@ def key_events(cfg: KafkaConfig, key: str, progress: Progress | None = None) -> 
         n = len(_partitions(c, cfg.topics.events))
     finally:
         c.close()
-    codec = default_codec()
+    codec = kafka_codec(cfg)
     kb = key.encode()
     for topic, decisions in _fold_sources(cfg):
         for k, value, _p, _off in replay_topic(cfg, topic, None, progress, [partition_for(kb, n)]):
@@ -293,7 +294,7 @@ def key_events(cfg: KafkaConfig, key: str, progress: Progress | None = None) -> 
 
 def latest_states(cfg: KafkaConfig, progress: Progress | None = None) -> dict[str, EffectState]:
     """The latest state of every effect, from the compacted ``effects.state``."""
-    codec = default_codec()
+    codec = kafka_codec(cfg)
     out: dict[str, EffectState] = {}
     for k, value, _p, _off in replay_topic(cfg, cfg.topics.state, None, progress):
         if value is None and k is not None:

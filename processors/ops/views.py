@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from effect_ledger.processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
-from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, apply, decision_refusal, fold
 from effect_ledger.streams.errors import DecisionRefused
@@ -30,6 +29,7 @@ from effect_ledger.streams.model import (
     State,
     Timeout,
 )
+from effect_ledger.streams.schema_topic import kafka_codec
 
 INTERMEDIATE = (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED)
 
@@ -224,7 +224,7 @@ def decide(
     d = Decision(
         uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg)
     )
-    codec = default_codec()
+    codec = kafka_codec(cfg, writes=True)  # publishes its schemas first
     p = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
     errors: list[str] = []
     p.produce(

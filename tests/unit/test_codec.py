@@ -19,7 +19,16 @@ from hypothesis import strategies as st
 
 from effect_ledger import schemas
 from effect_ledger.streams import model as m
-from effect_ledger.streams.codec import HEADER, MAGIC, Codec, DecodeError, EncodeError, schema_fingerprint
+from effect_ledger.streams.codec import (
+    HEADER,
+    MAGIC,
+    Codec,
+    DecodeError,
+    EncodeError,
+    UnknownSchema,
+    schema_fingerprint,
+)
+from effect_ledger.streams.errors import LedgerError
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
@@ -271,9 +280,9 @@ def test_unregistered_older_writer_is_rejected(
 
 
 def test_released_decisions_without_a_principal_decode_with_the_shipped_history(codec: Codec) -> None:
-    """Decisions written before ``principal`` existed (``schemas/history/Decision.1.avsc``) decode
+    """Decisions written before ``principal`` existed (``schemas/history/v0/Decision.avsc``) decode
     with the default codec, the writer's identity left empty."""
-    (old,) = [h for h in schemas.history() if h["name"] == "Decision"]
+    old = schemas.versions()[0]["Decision"]
     assert [f["name"] for f in old["fields"]] == list(OLD_DECISION)
     back = codec.decode(_encode_with(old, OLD_DECISION))
     assert isinstance(back, m.Decision) and back.principal == "" and back.by == "zoë"
@@ -381,8 +390,9 @@ def test_decode_rejects_wrong_magic(codec: Codec) -> None:
 def test_decode_rejects_unknown_fingerprint(codec: Codec) -> None:
     data = bytearray(codec.encode(VALID))
     data[5] ^= 0xFF
-    with pytest.raises(DecodeError, match=f"unknown schema fingerprint {bytes(data[2:10]).hex()}"):
+    with pytest.raises(UnknownSchema, match=f"unknown schema fingerprint {bytes(data[2:10]).hex()}") as e:
         codec.decode(bytes(data))
+    assert e.value.fingerprint == bytes(data[2:10]) and isinstance(e.value, LedgerError)
 
 
 @pytest.mark.parametrize("obj", SAMPLES, ids=_ids)

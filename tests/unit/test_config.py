@@ -17,6 +17,7 @@ ENV_VARS = (
     "KAFKA_SASL_USERNAME",
     "KAFKA_SASL_PASSWORD",
     "KAFKA_SSL_CAFILE",
+    "EFFECTS_SCHEMA_REGISTRY",
 )
 
 SECURE_ENV = {
@@ -131,20 +132,22 @@ def test_password_is_not_in_repr(secure_env: pytest.MonkeyPatch) -> None:
 def test_topics_with_prefix() -> None:
     t = KafkaConfig(prefix="t123.").topics
     assert t == Topics("t123.")
-    assert (t.events, t.state, t.uncertain, t.dlq, t.decisions, t.keys) == (
+    assert (t.events, t.state, t.uncertain, t.dlq, t.decisions, t.keys, t.schemas) == (
         "t123.effects.events",
         "t123.effects.state",
         "t123.effects.uncertain",
         "t123.effects.dlq",
         "t123.effects.decisions",
         "t123.effects.keys",
+        "t123.effects.schemas",
     )
-    assert t.all() == (t.events, t.state, t.uncertain, t.dlq, t.decisions, t.keys)
+    assert t.all() == (t.events, t.state, t.uncertain, t.dlq, t.decisions, t.keys, t.schemas)
 
 
 def test_topics_without_prefix() -> None:
     assert Topics().all() == (
-        "effects.events", "effects.state", "effects.uncertain", "effects.dlq", "effects.decisions", "effects.keys"
+        "effects.events", "effects.state", "effects.uncertain", "effects.dlq", "effects.decisions", "effects.keys",
+        "effects.schemas",
     )  # fmt: skip
     assert KafkaConfig().topics == Topics("")
 
