@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from effect_ledger.streams import bodies
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
+from effect_ledger.streams.erasure import FileKeyring, Keyring
 from effect_ledger.streams.errors import (
     DecisionRefused,
     InvalidEffect,
     LedgerClosed,
     UnknownEffect,
 )
-from effect_ledger.streams.erasure import FileKeyring, Keyring
 from effect_ledger.streams.executor import Call, Executor
 from effect_ledger.streams.extras import require
 from effect_ledger.streams.keys import (
