@@ -107,9 +107,6 @@ class Effect:
     def has(self, event_id: str) -> bool:
         return any(f.event_id == event_id for f in self.facts)
 
-    def of_attempt(self, attempt: int) -> list[Event]:
-        return [f for f in self.facts if f.attempt == attempt]
-
     @property
     def resolutions(self) -> list[Resolution]:
         return [f for f in self.facts if isinstance(f, Resolution)]

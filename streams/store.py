@@ -1,23 +1,35 @@
-"""The SQLite file behind a ledger: the event log (and Kafka outbox) plus the folded effects table.
+"""The SQLite file behind a ledger: the event log (and Kafka outbox) plus the folded effects table
+(the tables, the effect row and the shared reads: ``effect_ledger.streams.tables``).
 
-Durable-write order, in the one function that writes (``_append``), inside one transaction:
+Durable-write order, in the one function that writes (``Store._write_effect``), inside one
+transaction (``Store._write_batch``):
 
 1. the conditional upsert of the effect row — it succeeds only if the row still has the version
    the caller folded from (optimistic concurrency across tasks and processes), and it carries the
    claim of the key, so claiming is one SQL statement, never a read-then-write;
 2. the new events, with ``sent = 0`` (the relay marks them sent only after the broker's ack);
 3. COMMIT — with ``synchronous=NORMAL`` it survives a killed process, with ``FULL`` power loss.
+   ``append`` returns only after the COMMIT: the SDK calls the destination after that.
 
 The effect row is a projection of the events (``effect_ledger.streams.effect``); the events are the truth.
 
+Threads: at NORMAL a transaction runs on the event loop's thread (a commit is a write into the
+OS's cache, cheaper than a hop to a thread); an fsync (an intent at FULL), a file another process
+has locked, and the checkpoint that bounds the WAL run on the store's own thread, so the loop never
+waits for a disk or a lock. Reads use a second, read-only connection on the loop's thread.
+
+The WAL is bounded: ``WAL_LIMIT_BYTES`` (see ``Store._bound_wal``).
+
 Errors: every database error leaves this module as ``StorageError`` (its ``__cause__`` the
-sqlite3 error), translated in one place (``Store._call``; ``Store.open`` for opening). A file that
-is not an effect-ledger file is refused without being written to (``_refuse_foreign``).
+sqlite3 error), translated in ``Store._transact`` (writes), ``Store._read`` (reads) and
+``Store.open``. A file that is not an effect-ledger file is refused without being written to
+(``_refuse_foreign``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import socket
 import sqlite3
@@ -29,12 +41,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import aiosqlite
-
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.effect import Effect, apply
 from effect_ledger.streams.errors import LedgerClosed, StorageError
 from effect_ledger.streams.model import Event, State, UncertainEffect
+from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
+from effect_ledger.streams import tables
 
 
 class Durability(StrEnum):
@@ -45,55 +57,19 @@ class Durability(StrEnum):
     FULL = "FULL"
 
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    seq         INTEGER PRIMARY KEY,    -- rowid: never reused, rows are never deleted
-    event_id    TEXT NOT NULL,          -- unique per effect: the fold admits an event id once
-    effect_id   TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    at_ms       INTEGER NOT NULL,
-    body        BLOB NOT NULL,          -- Avro single-object encoding: the bytes the relay sends
-    sent        INTEGER NOT NULL DEFAULT 0  -- 0 not yet on Kafka, 1 acknowledged, 2 dead-lettered
-);
-CREATE INDEX IF NOT EXISTS events_by_effect ON events(effect_id, seq);
-CREATE INDEX IF NOT EXISTS events_unsent ON events(seq) WHERE sent = 0;
-CREATE TABLE IF NOT EXISTS effects (
-    effect_id       TEXT PRIMARY KEY,
-    state           TEXT NOT NULL,
-    target          TEXT NOT NULL,
-    operation       TEXT NOT NULL,
-    namespace       TEXT NOT NULL,
-    run_id          TEXT NOT NULL,
-    step            TEXT NOT NULL,
-    attempt         INTEGER NOT NULL,
-    version         INTEGER NOT NULL,
-    deadline_ms     INTEGER,
-    created_ms      INTEGER NOT NULL,
-    updated_ms      INTEGER NOT NULL,
-    receipt_id      TEXT,
-    executions      INTEGER NOT NULL,
-    flags           TEXT NOT NULL,
-    reason          TEXT,
-    claim_owner     TEXT,               -- the worker executing the current attempt
-    claim_until_ms  INTEGER,
-    check_tries     INTEGER NOT NULL DEFAULT 0,   -- reconciler backoff (operational, not folded)
-    next_check_ms   INTEGER
-);
-CREATE INDEX IF NOT EXISTS effects_by_state ON effects(state, updated_ms);
-CREATE INDEX IF NOT EXISTS effects_by_deadline ON effects(deadline_ms) WHERE deadline_ms IS NOT NULL;
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
--- Rows Kafka refused for good (too large, invalid): the relay marked them sent = 2 and went on.
-CREATE TABLE IF NOT EXISTS dead_letters (
-    seq     INTEGER PRIMARY KEY,        -- the events row
-    at_ms   INTEGER NOT NULL,
-    reason  TEXT NOT NULL
-);
-"""
-
-# The tables every effect-ledger file has: a file with other tables and not these is not ours.
-_LEDGER_TABLES = frozenset({"events", "effects", "meta"})
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+
+#: The write-ahead log stays under about this size whatever the write rate: past it, the writer
+#: copies the log into the database and truncates it before its next transaction (``_bound_wal``).
+#: Only a reader that holds one snapshot for long (another process) can keep it from shrinking.
+WAL_LIMIT_BYTES = 32 * 1024 * 1024
+#: Page size of a new file (an existing file keeps its own). Small pages: an effect changes a
+#: few rows scattered over several b-trees, and every changed page goes to the WAL whole.
+PAGE_SIZE = 1024
+#: How long a write waits for a file another process has locked (on the store's thread).
+BUSY_TIMEOUT_MS = 30_000
+#: How long the WAL-bounding checkpoint waits for readers of another process before trying later.
+_CHECKPOINT_WAIT_MS = 2_000
 
 # A key nobody has used: a plain insert (OR IGNORE: a row that exists means someone else was
 # first, which the caller treats as a version conflict).
@@ -254,7 +230,7 @@ def _refuse_foreign(p: Path) -> None:
             conn.close()
     except sqlite3.Error as e:
         raise StorageError(f"{p} is not an effect-ledger file ({e}); it was left as it was") from e
-    if tables and not _LEDGER_TABLES <= tables:
+    if tables and not LEDGER_TABLES <= tables:
         shown = ", ".join(sorted(tables)[:8]) + (", …" if len(tables) > 8 else "")
         raise StorageError(
             f"{p} is not an effect-ledger file (an SQLite database with tables {shown}); it was left as it was"
@@ -277,23 +253,63 @@ def _rollback(conn: sqlite3.Connection) -> None:
             pass  # the error being raised is the one that says what happened
 
 
-class Store:
-    """An aiosqlite connection to one ledger file. Every write is one hop to the connection's thread:
-    the whole transaction runs there (aiosqlite's ``_execute``), because each separate aiosqlite call
-    costs a thread hop (~60 us) and the intent write sits in front of every external call."""
+def _is_busy(e: sqlite3.Error) -> bool:
+    return (getattr(e, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
 
-    def __init__(self, db: aiosqlite.Connection, path: Path, durability: Durability, codec: Codec) -> None:
-        self._db = db
+
+def _connect(p: Path, durability: Durability) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """The writer and the read-only reader of a ledger file, its tables created (one transaction:
+    a file has all of the ledger's tables or none, see ``_refuse_foreign``)."""
+    writer = sqlite3.connect(p, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+    reader: sqlite3.Connection | None = None
+    try:
+        writer.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only: it is fixed once written
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute(f"PRAGMA synchronous={durability.value}")
+        # Checkpoints never run inside a commit: a background one copies the WAL back now and then,
+        # and the writer bounds it (see Store._bound_wal).
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+        writer.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
+        # On the event loop's thread a locked file is never waited for (see Store._transact).
+        writer.execute("PRAGMA busy_timeout=0")
+        reader = sqlite3.connect(p, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        reader.execute("PRAGMA query_only=1")  # Store.query is read-only, for real
+        reader.execute(f"PRAGMA synchronous={durability.value}")
+        return writer, reader
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        writer.close()
+        raise
+
+
+_Op = _Write | Callable[[sqlite3.Connection], Any]
+
+
+class Store:
+    """One ledger file: a writer connection (group commit, see ``_commit``) and a read-only reader.
+    Writes of a store are serialised; several processes may write the same file (SQLite's lock)."""
+
+    def __init__(
+        self, writer: sqlite3.Connection, reader: sqlite3.Connection, path: Path, durability: Durability, codec: Codec
+    ) -> None:
+        self._conn = writer
+        self._reader = reader
         self.path = path
         self.durability = durability
         self.codec = codec
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
-        self._pending: list[tuple[_Write, asyncio.Future[int | None]]] = []
+        self._pending: list[tuple[_Op, asyncio.Future[Any]]] = []
         self._sync_level = durability.value
         self._checkpointer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        # The store's thread: fsyncs, waits for a locked file, the WAL-bounding checkpoint.
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
+        self._wal = path.with_name(path.name + "-wal")
+        self._wal_retry_bytes = 0  # a bounding checkpoint that could not finish is retried past this size
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], durability: Durability = Durability.NORMAL) -> Store:
@@ -303,31 +319,19 @@ class Store:
         if p.parent and not p.parent.is_dir():
             raise StorageError(f"folder {p.parent} does not exist (for ledger {p})")
         await asyncio.to_thread(_refuse_foreign, p)
+        level = Durability(durability)
         try:
-            db = await aiosqlite.connect(str(p), isolation_level=None, timeout=30.0)
+            writer, reader = await asyncio.to_thread(_connect, p, level)
         except sqlite3.Error as e:
             raise _storage_error(p, e) from e
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute(f"PRAGMA synchronous={Durability(durability).value}")
-            await db.execute("PRAGMA busy_timeout=30000")
-            # Checkpoints run off the commit path, from their own connection (see _checkpoints).
-            await db.execute("PRAGMA wal_autocheckpoint=0")
-            # One transaction: a file has all of the ledger's tables or none (see _refuse_foreign).
-            await db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
-        except BaseException as e:
-            await db.close()
-            if isinstance(e, sqlite3.Error):
-                raise _storage_error(p, e) from e
-            raise
-        store = cls(db, p, Durability(durability), default_codec())
+        store = cls(writer, reader, p, level, default_codec())
         store._checkpointer = asyncio.create_task(store._checkpoints(), name="effect-ledger-checkpoints")
         return store
 
     async def _checkpoints(self, every_s: float = 1.0) -> None:
-        """Copy the WAL back into the database now and then, in a thread of its own. SQLite would
-        otherwise do it inside whichever commit crosses 1,000 pages — a latency spike on that
-        write. PASSIVE: it never blocks a writer; what it cannot copy yet waits for the next round."""
+        """Copy the WAL back into the database now and then, in a thread, from a connection of its
+        own. PASSIVE: it never blocks a writer; what it cannot copy yet waits for the next round.
+        Under sustained writes these never let the WAL start over: ``_bound_wal`` does."""
         conn = sqlite3.connect(self.path, timeout=0.1, check_same_thread=False)
         try:
             while not self._closed:
@@ -345,6 +349,8 @@ class Store:
             conn.close()
 
     async def close(self) -> None:
+        """Commit the writes already accepted, then close the file (the last connection to close
+        copies the WAL back and removes it: on the store's thread, not the loop's)."""
         if not self._closed:
             self._closed = True
             if self._flusher is not None:
@@ -352,53 +358,74 @@ class Store:
             self._closing.set()
             if self._checkpointer is not None:
                 await self._checkpointer
-            await self._db.close()
+            self._reader.close()
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._conn.close)
+            self._thread.shutdown(wait=False)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    # -- reads (the reader connection, on the loop's thread) ---------------------------------
+
+    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a read on the reader connection. One of the places database errors become ``StorageError``."""
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
-        return await self._call(fn, *args)
-
-    async def _call(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn`` on the connection's thread. The one place database errors become ``StorageError``."""
         try:
-            return await self._db._execute(fn, *args)
+            return fn(*args)
         except sqlite3.Error as e:
             raise _storage_error(self.path, e) from e
 
-    # -- reads -------------------------------------------------------------------------------
-
     async def load(self, effect_id: str) -> Loaded:
-        return await self._run(self._load, effect_id)  # type: ignore[no-any-return]
+        """The effect folded from its events, and who holds its claim."""
+        return self._read(self._load, effect_id)  # type: ignore[no-any-return]
 
     def _load(self, effect_id: str) -> Loaded:
-        conn: sqlite3.Connection = self._db._conn
-        rows = conn.execute("SELECT body FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,)).fetchall()
+        conn = self._reader
+        conn.execute("BEGIN")  # the events and the claim from one snapshot
+        try:
+            rows = conn.execute("SELECT body FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,)).fetchall()
+            row = conn.execute(
+                "SELECT claim_owner, claim_until_ms FROM effects WHERE effect_id = ?", (effect_id,)
+            ).fetchone()
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         effect: Effect | None = None
         for (body,) in rows:
             effect, _ = apply(effect, self.codec.decode(body))
-        row = conn.execute(
-            "SELECT claim_owner, claim_until_ms FROM effects WHERE effect_id = ?", (effect_id,)
-        ).fetchone()
         return Loaded(effect, Claim(row[0], row[1]) if row else Claim(None, None))
 
-    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """Read-only SQL over the ledger (``effects`` and ``events`` tables)."""
-        return await self._run(self._query, sql, tuple(params))  # type: ignore[no-any-return]
-
-    def _query(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
-        conn: sqlite3.Connection = self._db._conn
-        cur = conn.execute(sql, params)
-        cols = [d[0] for d in cur.description or ()]
-        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]  # type: ignore[misc]
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Read-only SQL over the ledger (``effects`` and ``events`` tables), rows as dicts. A
+        statement that would write is refused (``StorageError``): the reader is ``query_only``."""
+        return self._read(tables.rows, self._reader, sql, tuple(params))  # type: ignore[no-any-return]
 
     async def events(self, effect_id: str) -> list[tuple[int, Event, bool]]:
+        """(seq, event, sent to Kafka) of one effect, in the order written."""
         rows = await self.query("SELECT seq, body, sent FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,))
         return [(r["seq"], self.codec.decode(r["body"]), bool(r["sent"])) for r in rows]
+
+    async def due_deadlines(self, cutoff_ms: int, limit: int) -> list[Due]:
+        """Attempts waiting for their call or receipt whose deadline is at or before ``cutoff_ms``."""
+        return self._read(tables.due_deadlines, self._reader, cutoff_ms, limit)  # type: ignore[no-any-return]
+
+    async def due_checks(self, now_ms: int, limit: int) -> list[Due]:
+        """UNCERTAIN effects whose reconciler backoff has elapsed (``Due.at_ms``: tries so far)."""
+        return self._read(tables.due_checks, self._reader, now_ms, limit)  # type: ignore[no-any-return]
+
+    async def unsettled(self, created_before_ms: int | None = None) -> list[dict[str, Any]]:
+        """Effects open or escalated, created before ``created_before_ms``, oldest first."""
+        return self._read(tables.unsettled, self._reader, created_before_ms)  # type: ignore[no-any-return]
+
+    async def counts(self) -> list[tuple[str, str, int]]:
+        """(state, target, effects) for every pair present."""
+        return self._read(tables.counts, self._reader)  # type: ignore[no-any-return]
+
+    async def oldest_due_ms(self) -> int | None:
+        """When the most overdue open effect fell due (None: nothing is open)."""
+        return self._read(tables.oldest_due_ms, self._reader)  # type: ignore[no-any-return]
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -433,7 +460,7 @@ class Store:
         encoded = [
             (e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e, validate=False)) for e in new
         ]
-        row = _row(after)
+        row = effect_row(after)
         row.update(
             expected=before.version if before else 0,
             claim_op=claim_op.value,
@@ -450,14 +477,15 @@ class Store:
                 listener(seq)
         return Appended(after, emitted, seq)
 
-    async def _commit(self, write: _Write) -> int | None:
-        """Group commit: writes that arrive while a transaction is in flight go, together, into the
-        next one — one hop to the connection's thread and one fsync for all of them. Each write keeps
-        its own version check, so batching changes no outcome, only the cost."""
+    async def _commit(self, op: _Op) -> Any:
+        """Group commit: writes that arrive while a transaction is in flight (or in the same turn
+        of the event loop) go, together, into the next one — one commit, and at FULL one fsync,
+        for all of them. Each write keeps its own version check, so batching changes no outcome,
+        only the cost."""
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
-        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((write, fut))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending.append((op, fut))
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush())
         return await fut
@@ -466,8 +494,10 @@ class Store:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                ops = [op for op, _ in batch]
+                durable = any(isinstance(op, _Write) and op.durable for op in ops)
                 try:
-                    results = await self._call(self._append_batch, [w for w, _ in batch])
+                    results = await self._transact(self._write_batch, ops, durable)
                 except BaseException as e:
                     for _, fut in batch:
                         if not fut.done():
@@ -478,41 +508,109 @@ class Store:
                 for (_, fut), result in zip(batch, results, strict=True):
                     if not fut.done():
                         fut.set_result(result)
+                await self._bound_wal()
         finally:
             self._flusher = None
 
-    def _append_batch(self, writes: list[_Write]) -> list[int | None]:
-        """The transaction (see the module docstring for its order), for one or more writes. Per
-        write: the last new event's seq (0 when every event was already stored), or None when its
-        version check failed (its events are then not inserted)."""
-        conn: sqlite3.Connection = self._db._conn
+    async def _transact(self, fn: Callable[[Any], Any], arg: Any, durable: bool) -> Any:
+        """Run the write transaction ``fn(arg)`` on the writer. On the event loop's thread, unless it
+        must fsync (``durable`` at FULL: the loop must not wait for the disk) or the file is locked
+        by another process (SQLITE_BUSY at BEGIN, nothing written: the store's thread waits for the
+        lock, up to ``BUSY_TIMEOUT_MS``). The one place write errors become ``StorageError``."""
+        try:
+            if not (durable and self.durability is Durability.FULL):
+                try:
+                    return fn(arg)
+                except sqlite3.OperationalError as e:
+                    if not _is_busy(e):
+                        raise
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self._waiting, fn, arg)
+        except sqlite3.Error as e:
+            raise _storage_error(self.path, e) from e
+
+    def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)`` on the store's thread, waiting for a locked file."""
+        self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        try:
+            return fn(arg)
+        finally:
+            self._conn.execute("PRAGMA busy_timeout=0")
+
+    def _write_batch(self, ops: list[_Op]) -> list[Any]:
+        """The transaction, for one or more writes (see the module docstring for its order)."""
+        conn = self._conn
         if self.durability is Durability.FULL:
             # FULL fsyncs before an intent's call may start. Later records of an effect (outcome,
             # receipt, resolution) commit at NORMAL: the WAL makes them durable with the next fsync,
             # and one lost to a power cut leaves the effect open, to be reconciled, never re-run.
-            level = "FULL" if any(w.durable for w in writes) else "NORMAL"
+            level = "FULL" if any(isinstance(op, _Write) and op.durable for op in ops) else "NORMAL"
             if level != self._sync_level:
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._sync_level = level
         conn.execute("BEGIN IMMEDIATE")
         try:
-            results: list[int | None] = []
-            for w in writes:
-                sql = _UPDATE_EFFECT if w.row["expected"] else _INSERT_EFFECT
-                if conn.execute(sql, w.row).rowcount != 1:
-                    results.append(None)
-                    continue
-                seq = 0
-                for values in w.encoded:
-                    cur = conn.execute(_INSERT_EVENT, (*values, w.sent))
-                    if cur.rowcount == 1:
-                        seq = cur.lastrowid or seq
-                results.append(seq)
-            conn.execute("COMMIT")
+            results = [self._write_effect(conn, op) if isinstance(op, _Write) else op(conn) for op in ops]
+            conn.execute("COMMIT")  # 3. durable from here: only then does the caller go on
             return results
         except BaseException:
             _rollback(conn)
             raise
+
+    @staticmethod
+    def _write_effect(conn: sqlite3.Connection, w: _Write) -> int | None:
+        """One append: the last new event's seq (0 when every event was already stored), or None
+        when its version check failed (its events are then not inserted)."""
+        # 1. the effect row, if its version is still the one folded from (and, to claim, if free)
+        sql = _UPDATE_EFFECT if w.row["expected"] else _INSERT_EFFECT
+        if conn.execute(sql, w.row).rowcount != 1:
+            return None
+        # 2. its new events, for the relay (sent = 0) unless they came from Kafka
+        seq = 0
+        for values in w.encoded:
+            cur = conn.execute(_INSERT_EVENT, (*values, w.sent))
+            if cur.rowcount == 1:
+                seq = cur.lastrowid or seq
+        return seq
+
+    async def _bound_wal(self) -> None:
+        """Keep the WAL under ``WAL_LIMIT_BYTES``: past it, a TRUNCATE checkpoint on the store's
+        thread copies the whole log into the database and empties it. It waits for this store's
+        writes (the next batch queues meanwhile) and, up to ``_CHECKPOINT_WAIT_MS``, for other
+        connections; a reader holding an old snapshot makes it give up until the WAL has grown by
+        half the limit again. Below the limit nothing happens here: no checkpoint per commit."""
+        try:
+            size = os.stat(self._wal).st_size
+        except OSError:
+            return
+        if size <= max(WAL_LIMIT_BYTES, self._wal_retry_bytes):
+            return
+        try:
+            done = await asyncio.get_running_loop().run_in_executor(self._thread, self._truncate_wal)
+        except sqlite3.Error:
+            done = False
+        self._wal_retry_bytes = 0 if done else size + WAL_LIMIT_BYTES // 2
+
+    def _truncate_wal(self) -> bool:
+        self._conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+        try:
+            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            self._conn.execute("PRAGMA busy_timeout=0")
+        return busy == 0
+
+    async def limit_pages(self, pages: int | None) -> None:
+        """Let the file grow to ``pages`` pages at most (None: no limit): a write that needs more
+        fails with ``StorageError`` (SQLITE_FULL), as on a full disk."""
+        n = 1_073_741_823 if pages is None else pages
+
+        def limit(conn: sqlite3.Connection) -> None:
+            conn.execute(f"PRAGMA max_page_count = {int(n)}")
+
+        await self._commit(limit)
+
+    async def page_count(self) -> int:
+        """The file's size in pages."""
+        return int(self._read(lambda: self._reader.execute("PRAGMA page_count").fetchone()[0]))
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """Called (in the event loop) with the seq of each committed write meant for the relay."""
@@ -523,92 +621,62 @@ class Store:
     async def unsent(self, limit: int, after: int = 0) -> list[tuple[int, str, str, bytes]]:
         """The oldest events not yet acknowledged by Kafka, after seq ``after``:
         (seq, effect_id, kind, body)."""
-        return await self._run(self._unsent, limit, after)  # type: ignore[no-any-return]
-
-    def _unsent(self, limit: int, after: int) -> list[tuple[int, str, str, bytes]]:
-        conn: sqlite3.Connection = self._db._conn
-        return conn.execute(
-            "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
-            (after, limit),
-        ).fetchall()
+        return self._read(  # type: ignore[no-any-return]
+            lambda: self._reader.execute(
+                "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        )
 
     async def mark_sent(self, seqs: Sequence[int]) -> None:
         """Mark events acknowledged by the broker. Called only after their delivery reports."""
-        await self._run(self._mark_sent, list(seqs))
+        ids = list(seqs)
 
-    def _mark_sent(self, seqs: list[int]) -> None:
-        conn: sqlite3.Connection = self._db._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if seqs and seqs[-1] - seqs[0] + 1 == len(seqs):
-                conn.execute("UPDATE events SET sent = 1 WHERE seq BETWEEN ? AND ? AND sent = 0", (seqs[0], seqs[-1]))
+        def mark(conn: sqlite3.Connection) -> None:
+            if ids and ids[-1] - ids[0] + 1 == len(ids):
+                conn.execute("UPDATE events SET sent = 1 WHERE seq BETWEEN ? AND ? AND sent = 0", (ids[0], ids[-1]))
             else:
-                conn.executemany("UPDATE events SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+                conn.executemany("UPDATE events SET sent = 1 WHERE seq = ?", [(s,) for s in ids])
+
+        await self._commit(mark)
 
     async def mark_dead(self, dead: Sequence[tuple[int, str]], at_ms: int) -> None:
         """Mark events Kafka refused for good (too large, invalid) as dead-lettered, with the reason:
         ``sent = 2`` takes them out of the outbox, ``dead_letters`` keeps why, for an operator."""
-        await self._run(self._mark_dead, list(dead), at_ms)
+        rows = list(dead)
 
-    def _mark_dead(self, dead: list[tuple[int, str]], at_ms: int) -> None:
-        conn: sqlite3.Connection = self._db._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany("UPDATE events SET sent = 2 WHERE seq = ? AND sent = 0", [(seq,) for seq, _ in dead])
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE events SET sent = 2 WHERE seq = ? AND sent = 0", [(seq,) for seq, _ in rows])
             conn.executemany(
                 "INSERT OR REPLACE INTO dead_letters (seq, at_ms, reason) VALUES (?, ?, ?)",
-                [(seq, at_ms, reason) for seq, reason in dead],
+                [(seq, at_ms, reason) for seq, reason in rows],
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+
+        await self._commit(mark)
 
     async def outbox_depth(self) -> int:
+        """Events not yet acknowledged by Kafka."""
         rows = await self.query("SELECT count(*) AS n FROM events WHERE sent = 0")
         return int(rows[0]["n"])
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         """Events Kafka refused for good, oldest first: seq, effect_id, kind, size, at_ms, reason."""
-        return await self.query(  # type: ignore[return-value]
+        return await self.query(
             "SELECT d.seq, e.effect_id, e.kind, length(e.body) AS size, d.at_ms, d.reason "
             "FROM dead_letters d JOIN events e ON e.seq = d.seq ORDER BY d.seq"
         )
 
-    async def set_backoff(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
-        await self.query(
-            "UPDATE effects SET check_tries = ?, next_check_ms = ? WHERE effect_id = ?",
-            (tries, next_check_ms, effect_id),
-        )
+    async def record_check(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
+        """Record that reconcilers were asked ``tries`` times, and when to ask next (the backoff:
+        operational, not an event; reset when the effect changes state)."""
 
-    async def checkpoint(self) -> None:
-        await self._run(lambda: self._db._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+        def record(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE effects SET check_tries = ?, next_check_ms = ? WHERE effect_id = ?",
+                (tries, next_check_ms, effect_id),
+            )
 
-
-def _row(e: Effect) -> dict[str, Any]:
-    i = e.first_intent
-    return {
-        "effect_id": e.effect_id,
-        "state": e.state.value,
-        "target": i.target if i else "",
-        "operation": i.operation if i else "",
-        "namespace": i.namespace if i else "",
-        "run_id": i.run_id if i else "",
-        "step": i.step if i else "",
-        "attempt": e.attempt,
-        "version": e.version,
-        "deadline_ms": e.deadline_ms,
-        "created_ms": e.created_ms,
-        "updated_ms": e.updated_ms,
-        "receipt_id": e.receipt.receipt_id if e.receipt else None,
-        "executions": e.executions,
-        "flags": ",".join(f.value for f in e.flags),
-        "reason": e.reason,
-    }
+        await self._commit(record)
 
 
 __all__ = ["Store", "Durability", "ClaimOp", "Claim", "Loaded", "LocalWorker", "VersionConflict", "State"]
