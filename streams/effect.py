@@ -144,6 +144,27 @@ def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainE
     return new, emitted
 
 
+def begin(intent: Intent) -> Effect:
+    """The effect a first intent makes on a key nobody has used: what ``apply(None, intent)``
+    returns, without the fold (the SDK's common case, on its hot path)."""
+    return Effect(
+        effect_id=intent.effect_id,
+        facts=(intent,),
+        state=State.PENDING,
+        attempt=intent.attempt,
+        intent=intent,
+        first_intent=intent,
+        receipt=None,
+        receipt_ids=(),
+        executions=0,
+        flags=(),
+        deadline_ms=intent.deadline_ms,
+        created_ms=intent.at_ms,
+        updated_ms=intent.at_ms,
+        reason=None,
+    )
+
+
 def fold(events: list[Event] | tuple[Event, ...], effect: Effect | None = None) -> Effect | None:
     """Apply events in order; convenience for replays and tests."""
     for e in events:

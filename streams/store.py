@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from effect_ledger.streams.codec import Codec, default_codec
-from effect_ledger.streams.effect import Effect, apply
+from effect_ledger.streams.effect import Effect, apply, begin
 from effect_ledger.streams.errors import LedgerClosed, StorageError
-from effect_ledger.streams.model import Event, State, UncertainEffect
+from effect_ledger.streams.model import Event, Intent, State, UncertainEffect
 from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 from effect_ledger.streams import tables
 
@@ -65,7 +65,7 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 WAL_LIMIT_BYTES = 32 * 1024 * 1024
 #: Page size of a new file (an existing file keeps its own). Small pages: an effect changes a
 #: few rows scattered over several b-trees, and every changed page goes to the WAL whole.
-PAGE_SIZE = 1024
+PAGE_SIZE = 4096
 #: How long a write waits for a file another process has locked (on the store's thread).
 BUSY_TIMEOUT_MS = 30_000
 #: How long the WAL-bounding checkpoint waits for readers of another process before trying later.
@@ -447,6 +447,8 @@ class Store:
         after = before
         emitted: list[UncertainEffect] = []
         new: list[Event] = []
+        if before is None and len(events) == 1 and type(events[0]) is Intent:
+            after, new, events = begin(events[0]), list(events), ()  # a fresh key: nothing to fold
         for e in events:
             folded, out = apply(after, e)
             if folded is not after:

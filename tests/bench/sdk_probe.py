@@ -3,7 +3,8 @@
 Run as a script (``python tests/bench/sdk_probe.py MODE DURABILITY N FILE``), never as a module: the
 comparison points ``PYTHONPATH`` at another build of ``effect_ledger`` (today's main, say), and a
 script's folder holds no ``effect_ledger`` to shadow it. Uses only the API both builds share.
-Prints one JSON line: ``{"us_per_effect": ..., "effects_per_s": ..., "confirmed": ...}``.
+Prints one JSON line: wall and CPU (all threads) microseconds per effect, effects/s, and how
+many effects ended CONFIRMED.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, float
     try:
         for i in range(100):  # warm-up
             await one(-1 - i)
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if mode == "sequential":
             for i in range(n):
@@ -53,12 +55,13 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, float
             await asyncio.gather(*(worker(w) for w in range(CONCURRENCY)))
             n = per * CONCURRENCY
         elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - c0
     finally:
         await ledger.close()
     conn = sqlite3.connect(path)
     confirmed = conn.execute("SELECT count(*) FROM effects WHERE state = 'CONFIRMED'").fetchone()[0]
     conn.close()
-    return {"us_per_effect": elapsed / n * 1e6, "effects_per_s": n / elapsed, "confirmed": confirmed - 100, "n": n}
+    return {"us_per_effect": elapsed / n * 1e6, "cpu_us_per_effect": cpu / n * 1e6, "effects_per_s": n / elapsed, "confirmed": confirmed - 100, "n": n}
 
 
 if __name__ == "__main__":
