@@ -56,7 +56,7 @@ from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncert
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import TOKEN_ENV
-from effect_ledger.streams.model import Executed, State, Timeout, is_event, misplaced
+from effect_ledger.streams.model import IN_FLIGHT_STATES, Executed, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Backoff
 
@@ -119,7 +119,7 @@ def event_bodies(value: bytes, decode: Any) -> list[bytes]:
 def due_of(effect: Effect, backoff: Backoff, first_check_ms: int) -> int | None:
     """When the timer must next look at this effect: the deadline of an open attempt, or the time to
     ask the reconcilers again about an uncertain one."""
-    if effect.state in (State.PENDING, State.EXECUTED):
+    if effect.state in IN_FLIGHT_STATES:
         return effect.deadline_ms
     if effect.state is State.UNCERTAIN:
         tries = [r for r in effect.resolutions if r.attempt == effect.attempt]

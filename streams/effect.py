@@ -37,8 +37,10 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from effect_ledger.streams.model import (
+    IN_FLIGHT_STATES,
     INEXACT_PREFIX,
     OPEN_STATES,
+    UNSETTLED_STATES,
     Decision,
     DecisionKind,
     EffectState,
@@ -250,7 +252,7 @@ def decision_refusal(
         return Refusal(f"no intent of attempt {effect.attempt} is known: nothing says when its call would stop", None)
     until = deadline + grace_ms
     wait = until - now_ms if now_ms < until else None
-    if effect.state in (State.PENDING, State.EXECUTED):
+    if effect.state in IN_FLIGHT_STATES:
         return Refusal(
             f"attempt {effect.attempt} is {effect.state.value}: its call may still land; wait until its deadline "
             "passes and the effect is UNCERTAIN, or ask the destination",
@@ -359,7 +361,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
 
     state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines)
     ignored = [d for d in early if d.attempt == attempt]
-    if ignored and state in (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED):
+    if ignored and state in UNSETTLED_STATES:
         d = ignored[0]
         note = f"ABSENT decision by {d.by} ignored: made while attempt {d.attempt} could still land"
         reason = f"{reason}; {note}" if reason else note

@@ -41,12 +41,12 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from effect_ledger.streams import tables
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.effect import Effect, apply, begin
 from effect_ledger.streams.errors import LedgerClosed, StorageError
 from effect_ledger.streams.model import Event, Intent, State, UncertainEffect
 from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
-from effect_ledger.streams import tables
 
 
 class Durability(StrEnum):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+
 from confluent_kafka import Consumer, TopicPartition
 
 from effect_ledger.processors.ops.sink_db import SinkStore, open_store

@@ -19,6 +19,7 @@ from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, apply, decision_refusal, fold
 from effect_ledger.streams.errors import DecisionRefused, StorageError
 from effect_ledger.streams.model import (
+    UNSETTLED_STATES,
     Decision,
     DecisionKind,
     EffectState,
@@ -27,7 +28,6 @@ from effect_ledger.streams.model import (
     Intent,
     Receipt,
     Resolution,
-    UNSETTLED_STATES,
     State,
     Timeout,
 )

@@ -64,9 +64,9 @@ def main() -> None:
     print(f"{'row':<22} {'baseline':>12} {'this':>12} {'ratio':>7}")
     for mode, dur in ROWS:
         unit = "us/effect" if mode == "sequential" else "effects/s"
-        base = statistics.median(runs[(mode, dur, "baseline")])
-        this = statistics.median(runs[(mode, dur, "this")])
-        ratio = statistics.median(t / b for t, b in zip(runs[(mode, dur, "this")], runs[(mode, dur, "baseline")]))
+        b_runs, t_runs = runs[(mode, dur, "baseline")], runs[(mode, dur, "this")]
+        base, this = statistics.median(b_runs), statistics.median(t_runs)
+        ratio = statistics.median(t / b for t, b in zip(t_runs, b_runs, strict=True))
         print(f"{mode + ' ' + dur:<22} {base:>12,.0f} {this:>12,.0f} {ratio:>6.2f}x  ({unit}, median of {args.reps})")
 
 

@@ -61,7 +61,13 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, float
     conn = sqlite3.connect(path)
     confirmed = conn.execute("SELECT count(*) FROM effects WHERE state = 'CONFIRMED'").fetchone()[0]
     conn.close()
-    return {"us_per_effect": elapsed / n * 1e6, "cpu_us_per_effect": cpu / n * 1e6, "effects_per_s": n / elapsed, "confirmed": confirmed - 100, "n": n}
+    return {
+        "us_per_effect": elapsed / n * 1e6,
+        "cpu_us_per_effect": cpu / n * 1e6,
+        "effects_per_s": n / elapsed,
+        "confirmed": confirmed - 100,
+        "n": n,
+    }
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from effect_ledger.streams.reconcile import Found, Target
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, FakeClock, db_counts, event_kinds, reconciler_of, run
 
+
 async def fill_the_disk(ledger: Ledger) -> None:
     """From now on the database may not grow by a single page."""
     await ledger.store.limit_pages(await ledger.store.page_count())
