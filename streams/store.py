@@ -33,6 +33,7 @@ import concurrent.futures
 import os
 import socket
 import sqlite3
+import threading
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -65,7 +66,9 @@ _SQLITE_MAGIC = b"SQLite format 3\x00"
 WAL_LIMIT_BYTES = 32 * 1024 * 1024
 #: Page size of a new file (an existing file keeps its own). Small pages: an effect changes a
 #: few rows scattered over several b-trees, and every changed page goes to the WAL whole.
-PAGE_SIZE = 4096
+PAGE_SIZE = 1024
+#: A group commit of this many writes or more goes to the store's thread (one hop for all).
+_HOP_BATCH = 2
 #: How long a write waits for a file another process has locked (on the store's thread).
 BUSY_TIMEOUT_MS = 30_000
 #: How long the WAL-bounding checkpoint waits for readers of another process before trying later.
@@ -310,6 +313,9 @@ class Store:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
         self._wal = path.with_name(path.name + "-wal")
         self._wal_retry_bytes = 0  # a bounding checkpoint that could not finish is retried past this size
+        # Held by a checkpoint of this store: the bounding one waits for a background round to end
+        # rather than failing on SQLite's checkpoint lock (and a round skips while it runs).
+        self._checkpointing = threading.Lock()
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], durability: Durability = Durability.NORMAL) -> Store:
@@ -342,11 +348,18 @@ class Store:
                 if self._closed:
                     break
                 try:
-                    await asyncio.to_thread(conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
+                    await asyncio.to_thread(self._passive, conn)
                 except sqlite3.Error:
                     continue  # busy: next round
         finally:
             conn.close()
+
+    def _passive(self, conn: sqlite3.Connection) -> None:
+        if self._checkpointing.acquire(blocking=False):  # else the bounding checkpoint is at work
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                self._checkpointing.release()
 
     async def close(self) -> None:
         """Commit the writes already accepted, then close the file (the last connection to close
@@ -499,7 +512,10 @@ class Store:
                 ops = [op for op, _ in batch]
                 durable = any(isinstance(op, _Write) and op.durable for op in ops)
                 try:
-                    results = await self._transact(self._write_batch, ops, durable)
+                    # One write: on the loop's thread (no hop). Several (concurrent tasks): one hop
+                    # for all of them, and SQLite works in parallel with the loop's Python.
+                    inline = len(ops) < _HOP_BATCH and not (durable and self.durability is Durability.FULL)
+                    results = await self._transact(self._write_batch, ops, inline)
                 except BaseException as e:
                     for _, fut in batch:
                         if not fut.done():
@@ -514,13 +530,14 @@ class Store:
         finally:
             self._flusher = None
 
-    async def _transact(self, fn: Callable[[Any], Any], arg: Any, durable: bool) -> Any:
-        """Run the write transaction ``fn(arg)`` on the writer. On the event loop's thread, unless it
-        must fsync (``durable`` at FULL: the loop must not wait for the disk) or the file is locked
-        by another process (SQLITE_BUSY at BEGIN, nothing written: the store's thread waits for the
-        lock, up to ``BUSY_TIMEOUT_MS``). The one place write errors become ``StorageError``."""
+    async def _transact(self, fn: Callable[[Any], Any], arg: Any, inline: bool) -> Any:
+        """Run the write transaction ``fn(arg)`` on the writer: ``inline`` on the event loop's
+        thread, else on the store's. Inline only when it needs no fsync (the loop must not wait
+        for the disk); a file locked by another process (SQLITE_BUSY at BEGIN, nothing written)
+        sends it to the store's thread too, which waits for the lock up to ``BUSY_TIMEOUT_MS``.
+        The one place write errors become ``StorageError``."""
         try:
-            if not (durable and self.durability is Durability.FULL):
+            if inline:
                 try:
                     return fn(arg)
                 except sqlite3.OperationalError as e:
@@ -593,11 +610,12 @@ class Store:
         self._wal_retry_bytes = 0 if done else size + WAL_LIMIT_BYTES // 2
 
     def _truncate_wal(self) -> bool:
-        self._conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
-        try:
-            busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-        finally:
-            self._conn.execute("PRAGMA busy_timeout=0")
+        with self._checkpointing:  # a background round ends first (it only copies: it is short)
+            self._conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+            try:
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._conn.execute("PRAGMA busy_timeout=0")
         return busy == 0
 
     async def limit_pages(self, pages: int | None) -> None:
