@@ -67,6 +67,16 @@ class LedgerReader:
         """Effects in an unsettled ``state``, oldest first."""
         return self._run(tables.in_state, state)  # type: ignore[no-any-return]
 
+    def check(self) -> None:
+        """Read a row of each table: ``StorageError`` now for a file damaged where every reader
+        would fail. Rows, not ``count(*)``: a count may come from an index without the table's pages."""
+        self._run(lambda c: (c.execute("SELECT * FROM effects LIMIT 1").fetchall(),
+                             c.execute("SELECT * FROM events LIMIT 1").fetchall()))  # fmt: skip
+
+    def created_between(self, from_ms: int, to_ms: int) -> list[sqlite3.Row]:
+        """Effects created in [``from_ms``, ``to_ms``), newest first."""
+        return self._run(tables.created_between, from_ms, to_ms)  # type: ignore[no-any-return]
+
     def events(self) -> Iterator[tuple[int, str, int, bytes]]:
         """Every event row in the order written: (seq, effect_id, at_ms, body)."""
         try:

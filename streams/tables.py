@@ -161,6 +161,15 @@ def in_state(conn: sqlite3.Connection, state: State) -> list[sqlite3.Row]:
     return rows(conn, f"SELECT * FROM effects WHERE {UNSETTLED} AND state = ? ORDER BY created_ms", (state.value,))
 
 
+def created_between(conn: sqlite3.Connection, from_ms: int, to_ms: int) -> list[sqlite3.Row]:
+    """Effects created in [``from_ms``, ``to_ms``), newest first (a scan: a console's window)."""
+    return rows(
+        conn,
+        "SELECT * FROM effects WHERE created_ms >= ? AND created_ms < ? ORDER BY created_ms DESC",
+        (from_ms, to_ms),
+    )
+
+
 def counts(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
     """(state, target, effects) for every pair present: one pass over the table."""
     return conn.execute("SELECT state, target, COUNT(*) FROM effects GROUP BY state, target").fetchall()
