@@ -309,6 +309,7 @@ class Store:
         self._checkpointer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        self._kicked = False  # a _kick is scheduled
         # The store's thread: fsyncs, waits for a locked file, the WAL-bounding checkpoint.
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
         self._wal = path.with_name(path.name + "-wal")
@@ -366,8 +367,11 @@ class Store:
         copies the WAL back and removes it: on the store's thread, not the loop's)."""
         if not self._closed:
             self._closed = True
-            if self._flusher is not None:
-                await asyncio.shield(self._flusher)  # writes already accepted are committed first
+            while self._flusher is not None or self._pending:  # writes accepted are committed first
+                if self._flusher is not None:
+                    await asyncio.shield(self._flusher)
+                else:
+                    await asyncio.sleep(0)  # the scheduled _kick commits them
             self._closing.set()
             if self._checkpointer is not None:
                 await self._checkpointer
@@ -499,14 +503,50 @@ class Store:
         only the cost."""
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append((op, fut))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
+        if self._flusher is None and not self._kicked:
+            self._kicked = True
+            loop.call_soon(self._kick)
         return await fut
+
+    def _kick(self) -> None:
+        """The turn of the loop after a write arrived with nothing in flight: what is pending by
+        now commits together. A lone write that needs no fsync commits right here, on the loop's
+        thread, without a task; anything else (several writes, an fsync, a locked file, a WAL to
+        bound) is the flusher task's."""
+        self._kicked = False
+        if self._flusher is not None or not self._pending:
+            return  # the flusher takes what is pending
+        if len(self._pending) == 1:
+            op, fut = self._pending[0]
+            if not (isinstance(op, _Write) and op.durable and self.durability is Durability.FULL):
+                try:
+                    (result,) = self._write_batch([op])
+                except sqlite3.Error as e:
+                    if not _is_busy(e):
+                        self._pending = []
+                        err = _storage_error(self.path, e)
+                        err.__cause__ = e
+                        fut.set_exception(err)
+                        return
+                    # locked by another process: the flusher waits for it on the store's thread
+                except Exception as e:
+                    self._pending = []
+                    fut.set_exception(e)
+                    return
+                else:
+                    self._pending = []
+                    if not fut.done():
+                        fut.set_result(result)
+                    if not self._wal_over():
+                        return
+        self._flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         try:
+            await self._bound_wal()
             while self._pending:
                 batch, self._pending = self._pending, []
                 ops = [op for op, _ in batch]
@@ -597,17 +637,22 @@ class Store:
         writes (the next batch queues meanwhile) and, up to ``_CHECKPOINT_WAIT_MS``, for other
         connections; a reader holding an old snapshot makes it give up until the WAL has grown by
         half the limit again. Below the limit nothing happens here: no checkpoint per commit."""
-        try:
-            size = os.stat(self._wal).st_size
-        except OSError:
-            return
-        if size <= max(WAL_LIMIT_BYTES, self._wal_retry_bytes):
+        size = self._wal_over()
+        if not size:
             return
         try:
             done = await asyncio.get_running_loop().run_in_executor(self._thread, self._truncate_wal)
         except sqlite3.Error:
             done = False
         self._wal_retry_bytes = 0 if done else size + WAL_LIMIT_BYTES // 2
+
+    def _wal_over(self) -> int:
+        """The WAL's size when it is past the limit (and not waiting for a retry), else 0."""
+        try:
+            size = os.stat(self._wal).st_size
+        except OSError:
+            return 0
+        return size if size > max(WAL_LIMIT_BYTES, self._wal_retry_bytes) else 0
 
     def _truncate_wal(self) -> bool:
         with self._checkpointing:  # a background round ends first (it only copies: it is short)
