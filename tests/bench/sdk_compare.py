@@ -52,6 +52,7 @@ def main() -> None:
     p.add_argument("--n-concurrent", type=int, default=6400, help="effects per concurrent measurement [6400]")
     args = p.parse_args()
     runs: dict[tuple[str, str, str], list[float]] = {}
+    cpu: dict[tuple[str, str, str], list[float]] = {}
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         for rep in range(args.reps):
             for mode, dur in ROWS:
@@ -60,14 +61,22 @@ def main() -> None:
                     r = probe(mode, dur, n, Path(tmp) / f"{build}-{mode}-{dur}-{rep}.db", pp)
                     value = r["us_per_effect"] if mode == "sequential" else r["effects_per_s"]
                     runs.setdefault((mode, dur, build), []).append(value)
+                    cpu.setdefault((mode, dur, build), []).append(r["cpu_us_per_effect"])
                     print(f"rep {rep + 1}: {mode} {dur} {build}: {value:,.0f}", file=sys.stderr)
-    print(f"{'row':<22} {'baseline':>12} {'this':>12} {'ratio':>7}")
+    # CPU (every thread of the process) beside wall time: on a shared machine it is the steadier one.
+    head = f"{'row':<22} {'baseline':>12} {'this':>12} {'ratio':>7}"
+    print(f"{head}   {'CPU us/effect: baseline':>24} {'this':>6} {'ratio':>6}")
     for mode, dur in ROWS:
         unit = "us/effect" if mode == "sequential" else "effects/s"
         b_runs, t_runs = runs[(mode, dur, "baseline")], runs[(mode, dur, "this")]
         base, this = statistics.median(b_runs), statistics.median(t_runs)
         ratio = statistics.median(t / b for t, b in zip(t_runs, b_runs, strict=True))
-        print(f"{mode + ' ' + dur:<22} {base:>12,.0f} {this:>12,.0f} {ratio:>6.2f}x  ({unit}, median of {args.reps})")
+        b_cpu, t_cpu = cpu[(mode, dur, "baseline")], cpu[(mode, dur, "this")]
+        cpu_ratio = statistics.median(t / b for t, b in zip(t_cpu, b_cpu, strict=True))
+        print(
+            f"{mode + ' ' + dur:<22} {base:>12,.0f} {this:>12,.0f} {ratio:>6.2f}x   {statistics.median(b_cpu):>24,.0f} "
+            f"{statistics.median(t_cpu):>6,.0f} {cpu_ratio:>5.2f}x  ({unit}, median of {args.reps})"
+        )
 
 
 if __name__ == "__main__":
