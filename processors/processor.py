@@ -58,7 +58,7 @@ from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncert
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import TOKEN_ENV
-from effect_ledger.streams.model import Executed, Retirement, State, Timeout, is_event, misplaced
+from effect_ledger.streams.model import IN_FLIGHT_STATES, Executed, Retirement, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
 from effect_ledger.streams.schema_topic import kafka_codec
@@ -124,7 +124,7 @@ def due_of(effect: Effect, targets: Mapping[str, Target], first_check_ms: int) -
     ask the reconcilers again about an uncertain one, by its target's backoff
     (``effect_ledger.streams.reconcile.next_check_ms``, the embedded runner's rule too); an effect
     nobody answered about yet, ``first_check_ms`` after it became uncertain."""
-    if effect.state in (State.PENDING, State.EXECUTED):
+    if effect.state in IN_FLIGHT_STATES:
         return effect.deadline_ms
     if effect.state is State.UNCERTAIN:
         target, _ = target_for(targets, target_name(effect))

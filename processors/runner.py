@@ -15,7 +15,7 @@ from typing import Any
 
 from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import State
+from effect_ledger.streams.model import OPEN_STATES, State
 from effect_ledger.streams.reconcile import next_check_ms, only_the_agent_can_ask, target_for, target_name
 
 log = logging.getLogger("effect_ledger.runner")
@@ -59,27 +59,16 @@ class Runner:
         report = TickReport()
         store = self.ledger.store
         now = self.ledger.now_ms()
-        due = await store.query(
-            "SELECT effect_id, deadline_ms FROM effects WHERE state IN ('PENDING', 'EXECUTED') AND deadline_ms <= ? "
-            "ORDER BY deadline_ms LIMIT ?",
-            (now - self.grace_ms, self.batch),
-        )
-        for row in due:
-            key = row["effect_id"]
+        due = await store.due_deadlines(now - self.grace_ms, self.batch)
+        for key, deadline in due:
             after = await self.ledger.expire(key)
             if after is not None and after.state is State.UNCERTAIN:
                 report.timed_out.append(key)
                 if self.metrics is not None:
                     self.metrics.uncertain.labels(target=target_name(after)).inc()
-                    deadline = row["deadline_ms"]
                     self.metrics.detection_latency.observe(max(0, self.ledger.now_ms() - deadline) / 1000)
-        uncertain = await store.query(
-            "SELECT effect_id, check_tries FROM effects WHERE state = 'UNCERTAIN' "
-            "AND (next_check_ms IS NULL OR next_check_ms <= ?) ORDER BY updated_ms LIMIT ?",
-            (now, self.batch),
-        )
-        for row in uncertain:
-            key = row["effect_id"]
+        uncertain = await store.due_checks(now, self.batch)
+        for key, tries_so_far in uncertain:
             effect = await self.ledger.get(key)
             if effect is None:
                 continue
@@ -88,7 +77,7 @@ class Runner:
             if only_the_agent_can_ask(effect, target, now):
                 # Only the agent, which holds the call, can ask this destination (by replaying the
                 # key). Look again when its retention is over, then escalate.
-                await store.set_backoff(key, row["check_tries"], next_check_ms(effect, target, now))
+                await store.record_check(key, tries_so_far, next_check_ms(effect, target, now))
                 continue
             after = await self.ledger.reconcile(key)
             if after is None:
@@ -101,7 +90,7 @@ class Runner:
             if after.state is State.UNCERTAIN:
                 # Asked again after the target's backoff: the processor's rule in Kafka mode too.
                 later = self.ledger.now_ms()
-                await store.set_backoff(key, row["check_tries"] + 1, next_check_ms(after, target, later) or later)
+                await store.record_check(key, tries_so_far + 1, next_check_ms(after, target, later) or later)
         if self.metrics is not None:
             await self._refresh_gauges(now)
         if report:
@@ -116,19 +105,15 @@ class Runner:
             return
         self._gauges_at = clock
         m = self.metrics
-        rows = await self.ledger.store.query("SELECT state, target, COUNT(*) AS n FROM effects GROUP BY state, target")
+        counts = await self.ledger.store.counts()
         m.effects.clear()  # a (state, target) pair that emptied must read 0, not its last count
         open_ = 0
-        for r in rows:
-            m.effects.labels(state=r["state"], target=r["target"]).set(r["n"])
-            if r["state"] in ("PENDING", "EXECUTED", "UNCERTAIN"):
-                open_ += r["n"]
+        for state, target, n in counts:
+            m.effects.labels(state=state, target=target).set(n)
+            if state in OPEN_STATES:
+                open_ += n
         m.open_effects.set(open_)
-        overdue = await self.ledger.store.query(
-            "SELECT MIN(CASE WHEN state = 'UNCERTAIN' THEN COALESCE(next_check_ms, updated_ms) "
-            "ELSE deadline_ms END) AS due FROM effects WHERE state IN ('PENDING', 'EXECUTED', 'UNCERTAIN')"
-        )
-        due = overdue[0]["due"] if overdue else None
+        due = await self.ledger.store.oldest_due_ms()
         m.oldest_overdue.set(max(0, now - due) / 1000 if due is not None else 0)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:

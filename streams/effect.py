@@ -37,8 +37,10 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from effect_ledger.streams.model import (
+    IN_FLIGHT_STATES,
     INEXACT_PREFIX,
     OPEN_STATES,
+    UNSETTLED_STATES,
     Decision,
     DecisionKind,
     EffectState,
@@ -107,9 +109,6 @@ class Effect:
     def has(self, event_id: str) -> bool:
         return any(f.event_id == event_id for f in self.facts)
 
-    def of_attempt(self, attempt: int) -> list[Event]:
-        return [f for f in self.facts if f.attempt == attempt]
-
     @property
     def resolutions(self) -> list[Resolution]:
         return [f for f in self.facts if isinstance(f, Resolution)]
@@ -145,6 +144,27 @@ def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainE
         if not was_actionable:
             emitted = (uncertain_event(new),)
     return new, emitted
+
+
+def begin(intent: Intent) -> Effect:
+    """The effect a first intent makes on a key nobody has used: what ``apply(None, intent)``
+    returns, without the fold (the SDK's common case, on its hot path)."""
+    return Effect(
+        effect_id=intent.effect_id,
+        facts=(intent,),
+        state=State.PENDING,
+        attempt=intent.attempt,
+        intent=intent,
+        first_intent=intent,
+        receipt=None,
+        receipt_ids=(),
+        executions=0,
+        flags=(),
+        deadline_ms=intent.deadline_ms,
+        created_ms=intent.at_ms,
+        updated_ms=intent.at_ms,
+        reason=None,
+    )
 
 
 def fold(events: list[Event] | tuple[Event, ...], effect: Effect | None = None) -> Effect | None:
@@ -232,7 +252,7 @@ def decision_refusal(
         return Refusal(f"no intent of attempt {effect.attempt} is known: nothing says when its call would stop", None)
     until = deadline + grace_ms
     wait = until - now_ms if now_ms < until else None
-    if effect.state in (State.PENDING, State.EXECUTED):
+    if effect.state in IN_FLIGHT_STATES:
         return Refusal(
             f"attempt {effect.attempt} is {effect.state.value}: its call may still land; wait until its deadline "
             "passes and the effect is UNCERTAIN, or ask the destination",
@@ -341,7 +361,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
 
     state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines)
     ignored = [d for d in early if d.attempt == attempt]
-    if ignored and state in (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED):
+    if ignored and state in UNSETTLED_STATES:
         d = ignored[0]
         note = f"ABSENT decision by {d.by} ignored: made while attempt {d.attempt} could still land"
         reason = f"{reason}; {note}" if reason else note

@@ -29,12 +29,12 @@ class State(StrEnum):
 
 #: States in which an attempt is open: the outcome is not known yet.
 OPEN_STATES = frozenset({State.PENDING, State.EXECUTED, State.UNCERTAIN})
-#: States after which the same key may be executed (again): nothing happened at the destination.
-RETRYABLE_STATES = frozenset({State.FAILED, State.ABSENT})
-#: States that need a person or a reconciler; an agent must not act on them.
-HELD_STATES = frozenset({State.ESCALATED})
-#: Closed for good.
-FINAL_STATES = frozenset({State.CONFIRMED, State.ABANDONED, State.COMPENSATED})
+#: Open states whose attempt still waits for its call or receipt: its deadline has yet to fire.
+IN_FLIGHT_STATES = frozenset({State.PENDING, State.EXECUTED})
+#: Not settled: open, or escalated to a person (what an operator sees as stuck).
+UNSETTLED_STATES = OPEN_STATES | {State.ESCALATED}
+#: Closed by a person without a receipt: nothing more is done with the key.
+CLOSED_STATES = frozenset({State.ABANDONED, State.COMPENSATED})
 
 
 class Outcome(StrEnum):

@@ -188,10 +188,6 @@ class Relay:
                 except TimeoutError:
                     pass
 
-    async def send_batch(self) -> int:
-        """Send one batch of unsent rows; returns how many were acknowledged and marked sent."""
-        return await self.send_all(max_batches=1)
-
     async def send_all(self, max_batches: int | None = None, progress: Callable[[int], None] | None = None) -> int:
         """Send unsent rows batch by batch until none are left (or ``max_batches``). Pipelined: the
         rows of batch N are marked sent (on the database's thread) while batch N+1 is produced

@@ -1,38 +1,53 @@
-"""The SQLite file behind a ledger: the event log (and Kafka outbox) plus the folded effects table.
+"""The SQLite file behind a ledger: the event log (and Kafka outbox) plus the folded effects table
+(the tables, the effect row and the shared reads: ``effect_ledger.streams.tables``).
 
-Durable-write order, in the one function that writes (``_append``), inside one transaction:
+Durable-write order, in the one function that writes (``Store._write_effect``), inside one
+transaction (``Store._write_batch``):
 
 1. the conditional upsert of the effect row — it succeeds only if the row still has the version
    the caller folded from (optimistic concurrency across tasks and processes), and it carries the
    claim of the key, so claiming is one SQL statement, never a read-then-write;
 2. the new events, with ``sent = 0`` (the relay marks them sent only after the broker's ack);
 3. COMMIT — with ``synchronous=NORMAL`` it survives a killed process, with ``FULL`` power loss.
+   ``append`` returns only after the COMMIT: the SDK calls the destination after that.
 
 The effect row is a projection of the events (``effect_ledger.streams.effect``); the events are the truth.
 
+Threads: at NORMAL a lone write commits on the event loop's thread (a commit is a write() into
+the OS's cache, cheaper than a hop to a thread and back, ~60-80 us); a group commit of several
+writes takes one hop for all of them, so SQLite runs beside the loop's Python. An fsync (an intent
+at FULL), a file another process has locked, and the checkpoint that bounds the WAL run on the
+store's own thread: the loop never waits for a disk flush or a lock (a write() can still wait for
+the kernel when the machine has too much dirty memory). Reads use a second, read-only
+connection, on the loop's thread.
+
+The WAL is bounded: ``WAL_LIMIT_BYTES`` (see ``Store._bound_wal``).
+
 Errors: every database error leaves this module as ``StorageError`` (its ``__cause__`` the
-sqlite3 error), translated in one place (``Store._call``; ``Store.open`` for opening). A file that
-is not an effect-ledger file is refused without being written to (``_refuse_foreign``).
+sqlite3 error), translated in ``Store._transact`` and ``Store._kick`` (writes), ``Store._read`` (reads) and
+``Store.open``. A file that is not an effect-ledger file is refused without being written to
+(``_refuse_foreign``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import aiosqlite
-
-from effect_ledger.streams import erasure, retire_store
+from effect_ledger.streams import erasure, retire_store, tables
 from effect_ledger.streams.codec import Codec, default_codec
-from effect_ledger.streams.effect import Effect, apply
+from effect_ledger.streams.effect import Effect, apply, begin
 from effect_ledger.streams.errors import LedgerClosed, StorageError
-from effect_ledger.streams.model import Event, State, UncertainEffect
+from effect_ledger.streams.model import Event, Intent, State, UncertainEffect
+from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 
 
 class Durability(StrEnum):
@@ -43,55 +58,21 @@ class Durability(StrEnum):
     FULL = "FULL"
 
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS events (
-    seq         INTEGER PRIMARY KEY,    -- rowid: never reused, rows are never deleted
-    event_id    TEXT NOT NULL,          -- unique per effect: the fold admits an event id once
-    effect_id   TEXT NOT NULL,
-    kind        TEXT NOT NULL,
-    at_ms       INTEGER NOT NULL,
-    body        BLOB NOT NULL,          -- Avro single-object encoding: the bytes the relay sends
-    sent        INTEGER NOT NULL DEFAULT 0  -- 0 not yet on Kafka, 1 acknowledged, 2 dead-lettered
-);
-CREATE INDEX IF NOT EXISTS events_by_effect ON events(effect_id, seq);
-CREATE INDEX IF NOT EXISTS events_unsent ON events(seq) WHERE sent = 0;
-CREATE TABLE IF NOT EXISTS effects (
-    effect_id       TEXT PRIMARY KEY,
-    state           TEXT NOT NULL,
-    target          TEXT NOT NULL,
-    operation       TEXT NOT NULL,
-    namespace       TEXT NOT NULL,
-    run_id          TEXT NOT NULL,
-    step            TEXT NOT NULL,
-    attempt         INTEGER NOT NULL,
-    version         INTEGER NOT NULL,
-    deadline_ms     INTEGER,
-    created_ms      INTEGER NOT NULL,
-    updated_ms      INTEGER NOT NULL,
-    receipt_id      TEXT,
-    executions      INTEGER NOT NULL,
-    flags           TEXT NOT NULL,
-    reason          TEXT,
-    claim_owner     TEXT,               -- the worker executing the current attempt
-    claim_until_ms  INTEGER,
-    check_tries     INTEGER NOT NULL DEFAULT 0,   -- reconciler backoff (operational, not folded)
-    next_check_ms   INTEGER
-);
-CREATE INDEX IF NOT EXISTS effects_by_state ON effects(state, updated_ms);
-CREATE INDEX IF NOT EXISTS effects_by_deadline ON effects(deadline_ms) WHERE deadline_ms IS NOT NULL;
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
--- Rows Kafka refused for good (too large, invalid): the relay marked them sent = 2 and went on.
-CREATE TABLE IF NOT EXISTS dead_letters (
-    seq     INTEGER PRIMARY KEY,        -- the events row
-    at_ms   INTEGER NOT NULL,
-    reason  TEXT NOT NULL
-);
-"""
-
-# The tables every effect-ledger file has: a file with other tables and not these is not ours.
-_LEDGER_TABLES = frozenset({"events", "effects", "meta"})
 _SQLITE_MAGIC = b"SQLite format 3\x00"
+
+#: The write-ahead log stays under about this size whatever the write rate: past it, the writer
+#: copies the log into the database and truncates it before its next transaction (``_bound_wal``).
+#: Only a reader that holds one snapshot for long (another process) can keep it from shrinking.
+WAL_LIMIT_BYTES = 32 * 1024 * 1024
+#: Page size of a new file (an existing file keeps its own). Small pages: an effect changes a
+#: few rows scattered over several b-trees, and every changed page goes to the WAL whole.
+PAGE_SIZE = 1024
+#: A group commit of this many writes or more goes to the store's thread (one hop for all).
+_HOP_BATCH = 2
+#: How long a write waits for a file another process has locked (on the store's thread).
+BUSY_TIMEOUT_MS = 30_000
+#: How long the WAL-bounding checkpoint waits for readers of another process before trying later.
+_CHECKPOINT_WAIT_MS = 2_000
 
 # A key nobody has used: a plain insert (OR IGNORE: a row that exists means someone else was
 # first, which the caller treats as a version conflict).
@@ -186,7 +167,7 @@ def _refuse_foreign(p: Path) -> None:
             conn.close()
     except sqlite3.Error as e:
         raise StorageError(f"{p} is not an effect-ledger file ({e}); it was left as it was") from e
-    if tables and not _LEDGER_TABLES <= tables:
+    if tables and not LEDGER_TABLES <= tables:
         shown = ", ".join(sorted(tables)[:8]) + (", …" if len(tables) > 8 else "")
         raise StorageError(
             f"{p} is not an effect-ledger file (an SQLite database with tables {shown}); it was left as it was"
@@ -209,23 +190,67 @@ def _rollback(conn: sqlite3.Connection) -> None:
             pass  # the error being raised is the one that says what happened
 
 
-class Store:
-    """An aiosqlite connection to one ledger file. Every write is one hop to the connection's thread:
-    the whole transaction runs there (aiosqlite's ``_execute``), because each separate aiosqlite call
-    costs a thread hop (~60 us) and the intent write sits in front of every external call."""
+def _is_busy(e: sqlite3.Error) -> bool:
+    return (getattr(e, "sqlite_errorcode", 0) & 0xFF) == sqlite3.SQLITE_BUSY
 
-    def __init__(self, db: aiosqlite.Connection, path: Path, durability: Durability, codec: Codec) -> None:
-        self._db = db
+
+def _connect(p: Path, durability: Durability) -> tuple[sqlite3.Connection, sqlite3.Connection]:
+    """The writer and the read-only reader of a ledger file, its tables created (one transaction:
+    a file has all of the ledger's tables or none, see ``_refuse_foreign``)."""
+    writer = sqlite3.connect(p, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+    reader: sqlite3.Connection | None = None
+    try:
+        writer.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only: it is fixed once written
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute(f"PRAGMA synchronous={durability.value}")
+        # Checkpoints never run inside a commit: a background one copies the WAL back now and then,
+        # and the writer bounds it (see Store._bound_wal).
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
+        writer.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n{retire_store.SCHEMA}\n{erasure.SCHEMA}\nCOMMIT;")
+        # On the event loop's thread a locked file is never waited for (see Store._transact).
+        writer.execute("PRAGMA busy_timeout=0")
+        reader = sqlite3.connect(p, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+        reader.execute("PRAGMA query_only=1")  # Store.query is read-only, for real
+        reader.execute(f"PRAGMA synchronous={durability.value}")
+        return writer, reader
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        writer.close()
+        raise
+
+
+_Op = _Write | Callable[[sqlite3.Connection], Any]
+
+
+class Store:
+    """One ledger file: a writer connection (group commit, see ``_commit``) and a read-only reader.
+    Writes of a store are serialised; several processes may write the same file (SQLite's lock)."""
+
+    def __init__(
+        self, writer: sqlite3.Connection, reader: sqlite3.Connection, path: Path, durability: Durability, codec: Codec
+    ) -> None:
+        self._conn = writer
+        self._reader = reader
         self.path = path
         self.durability = durability
         self.codec = codec
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
-        self._pending: list[tuple[_Write, asyncio.Future[int | None]]] = []
+        self._pending: list[tuple[_Op, asyncio.Future[Any]]] = []
         self._sync_level = durability.value
         self._checkpointer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
+        self._kicked = False  # a _kick is scheduled
+        # The store's thread: fsyncs, waits for a locked file, the WAL-bounding checkpoint.
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
+        self._wal = path.with_name(path.name + "-wal")
+        self._wal_retry_bytes = 0  # a bounding checkpoint that could not finish is retried past this size
+        # Held by a checkpoint of this store: the bounding one waits for a background round to end
+        # rather than failing on SQLite's checkpoint lock (and a round skips while it runs).
+        self._checkpointing = threading.Lock()
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], durability: Durability = Durability.NORMAL) -> Store:
@@ -235,31 +260,19 @@ class Store:
         if p.parent and not p.parent.is_dir():
             raise StorageError(f"folder {p.parent} does not exist (for ledger {p})")
         await asyncio.to_thread(_refuse_foreign, p)
+        level = Durability(durability)
         try:
-            db = await aiosqlite.connect(str(p), isolation_level=None, timeout=30.0)
+            writer, reader = await asyncio.to_thread(_connect, p, level)
         except sqlite3.Error as e:
             raise _storage_error(p, e) from e
-        try:
-            await db.execute("PRAGMA journal_mode=WAL")
-            await db.execute(f"PRAGMA synchronous={Durability(durability).value}")
-            await db.execute("PRAGMA busy_timeout=30000")
-            # Checkpoints run off the commit path, from their own connection (see _checkpoints).
-            await db.execute("PRAGMA wal_autocheckpoint=0")
-            # One transaction: a file has all of the ledger's tables or none (see _refuse_foreign).
-            await db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n{retire_store.SCHEMA}\n{erasure.SCHEMA}\nCOMMIT;")
-        except BaseException as e:
-            await db.close()
-            if isinstance(e, sqlite3.Error):
-                raise _storage_error(p, e) from e
-            raise
-        store = cls(db, p, Durability(durability), default_codec())
+        store = cls(writer, reader, p, level, default_codec())
         store._checkpointer = asyncio.create_task(store._checkpoints(), name="effect-ledger-checkpoints")
         return store
 
     async def _checkpoints(self, every_s: float = 1.0) -> None:
-        """Copy the WAL back into the database now and then, in a thread of its own. SQLite would
-        otherwise do it inside whichever commit crosses 1,000 pages — a latency spike on that
-        write. PASSIVE: it never blocks a writer; what it cannot copy yet waits for the next round."""
+        """Copy the WAL back into the database now and then, in a thread, from a connection of its
+        own. PASSIVE: it never blocks a writer; what it cannot copy yet waits for the next round.
+        Under sustained writes these never let the WAL start over: ``_bound_wal`` does."""
         conn = sqlite3.connect(self.path, timeout=0.1, check_same_thread=False)
         try:
             while not self._closed:
@@ -270,72 +283,122 @@ class Store:
                 if self._closed:
                     break
                 try:
-                    await asyncio.to_thread(conn.execute, "PRAGMA wal_checkpoint(PASSIVE)")
+                    await asyncio.to_thread(self._passive, conn)
                 except sqlite3.Error:
                     continue  # busy: next round
         finally:
             conn.close()
 
+    def _passive(self, conn: sqlite3.Connection) -> None:
+        if self._checkpointing.acquire(blocking=False):  # else the bounding checkpoint is at work
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            finally:
+                self._checkpointing.release()
+
     async def close(self) -> None:
+        """Commit the writes already accepted, then close the file (the last connection to close
+        copies the WAL back and removes it: on the store's thread, not the loop's)."""
         if not self._closed:
             self._closed = True
-            if self._flusher is not None:
-                await asyncio.shield(self._flusher)  # writes already accepted are committed first
+            while self._flusher is not None or self._pending:  # writes accepted are committed first
+                if self._flusher is not None:
+                    await asyncio.shield(self._flusher)
+                else:
+                    await asyncio.sleep(0)  # the scheduled _kick commits them
             self._closing.set()
             if self._checkpointer is not None:
                 await self._checkpointer
-            await self._db.close()
+            self._reader.close()
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._conn.close)
+            self._thread.shutdown(wait=False)
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    # -- reads (the reader connection, on the loop's thread) ---------------------------------
+
+    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a read on the reader connection. One of the places database errors become ``StorageError``."""
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
-        return await self._call(fn, *args)
-
-    async def _call(self, fn: Any, *args: Any) -> Any:
-        """Run ``fn`` on the connection's thread. The one place database errors become ``StorageError``."""
         try:
-            return await self._db._execute(fn, *args)
+            return fn(*args)
         except sqlite3.Error as e:
             raise _storage_error(self.path, e) from e
 
-    # -- reads -------------------------------------------------------------------------------
-
     async def load(self, effect_id: str) -> Loaded:
-        return await self._run(self._load, effect_id)  # type: ignore[no-any-return]
+        """The effect folded from its events, and who holds its claim."""
+        return self._read(self._load, effect_id)  # type: ignore[no-any-return]
 
     def _load(self, effect_id: str) -> Loaded:
-        conn: sqlite3.Connection = self._db._conn
-        rows = conn.execute("SELECT body FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,)).fetchall()
+        conn = self._reader
+        conn.execute("BEGIN")  # the events and the claim from one snapshot
+        try:
+            rows = conn.execute("SELECT body FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,)).fetchall()
+            row = conn.execute(
+                "SELECT claim_owner, claim_until_ms FROM effects WHERE effect_id = ?", (effect_id,)
+            ).fetchone()
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         effect: Effect | None = None
         for (body,) in rows:
             effect, _ = apply(effect, self.codec.decode(body))
-        row = conn.execute(
-            "SELECT claim_owner, claim_until_ms FROM effects WHERE effect_id = ?", (effect_id,)
-        ).fetchone()
         return Loaded(effect, Claim(row[0], row[1]) if row else Claim(None, None))
 
     async def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        """Run ``fn(connection)`` on the connection's thread, database errors as ``StorageError``:
-        for the modules that keep tables of their own in the file (``retire_store``, ``erasure``)."""
-        return await self._run(lambda: fn(self._db._conn))
+        """Run ``fn(connection)`` on a connection of its own, in a thread, database errors as
+        ``StorageError``: for the modules that keep tables of their own in the file and run their
+        own transactions (``retire_store``, ``erasure``). Their writes are rare (a retention sweep,
+        an erasure, a subject's first key): a connection per call keeps them out of the group
+        commit, and SQLite's lock orders them with this store's writes."""
+        if self._closed:
+            raise LedgerClosed(f"ledger {self.path} is closed")
 
-    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
-        """Read-only SQL over the ledger (``effects`` and ``events`` tables)."""
-        return await self._run(self._query, sql, tuple(params))  # type: ignore[no-any-return]
+        def work() -> Any:
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            try:
+                conn.execute(f"PRAGMA synchronous={self.durability.value}")
+                return fn(conn)
+            finally:
+                conn.close()
 
-    def _query(self, sql: str, params: tuple[Any, ...]) -> list[sqlite3.Row]:
-        conn: sqlite3.Connection = self._db._conn
-        cur = conn.execute(sql, params)
-        cols = [d[0] for d in cur.description or ()]
-        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]  # type: ignore[misc]
+        try:
+            return await asyncio.to_thread(work)
+        except sqlite3.Error as e:
+            raise _storage_error(self.path, e) from e
+
+    async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Read-only SQL over the ledger (``effects`` and ``events`` tables), rows as dicts. A
+        statement that would write is refused (``StorageError``): the reader is ``query_only``."""
+        return self._read(tables.rows, self._reader, sql, tuple(params))  # type: ignore[no-any-return]
 
     async def events(self, effect_id: str) -> list[tuple[int, Event, bool]]:
+        """(seq, event, sent to Kafka) of one effect, in the order written."""
         rows = await self.query("SELECT seq, body, sent FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,))
         return [(r["seq"], self.codec.decode(r["body"]), bool(r["sent"])) for r in rows]
+
+    async def due_deadlines(self, cutoff_ms: int, limit: int) -> list[Due]:
+        """Attempts waiting for their call or receipt whose deadline is at or before ``cutoff_ms``."""
+        return self._read(tables.due_deadlines, self._reader, cutoff_ms, limit)  # type: ignore[no-any-return]
+
+    async def due_checks(self, now_ms: int, limit: int) -> list[Due]:
+        """UNCERTAIN effects whose reconciler backoff has elapsed (``Due.at_ms``: tries so far)."""
+        return self._read(tables.due_checks, self._reader, now_ms, limit)  # type: ignore[no-any-return]
+
+    async def unsettled(self, created_before_ms: int | None = None) -> list[dict[str, Any]]:
+        """Effects open or escalated, created before ``created_before_ms``, oldest first."""
+        return self._read(tables.unsettled, self._reader, created_before_ms)  # type: ignore[no-any-return]
+
+    async def counts(self) -> list[tuple[str, str, int]]:
+        """(state, target, effects) for every pair present."""
+        return self._read(tables.counts, self._reader)  # type: ignore[no-any-return]
+
+    async def oldest_due_ms(self) -> int | None:
+        """When the most overdue open effect fell due (None: nothing is open)."""
+        return self._read(tables.oldest_due_ms, self._reader)  # type: ignore[no-any-return]
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -357,6 +420,8 @@ class Store:
         after = before
         emitted: list[UncertainEffect] = []
         new: list[Event] = []
+        if before is None and len(events) == 1 and type(events[0]) is Intent:
+            after, new, events = begin(events[0]), list(events), ()  # a fresh key: nothing to fold
         for e in events:
             folded, out = apply(after, e)
             if folded is not after:
@@ -370,7 +435,7 @@ class Store:
         encoded = [
             (e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e, validate=False)) for e in new
         ]
-        row = _row(after)
+        row = effect_row(after)
         row.update(
             expected=before.version if before else 0,
             claim_op=claim_op.value,
@@ -387,24 +452,66 @@ class Store:
                 listener(seq)
         return Appended(after, emitted, seq)
 
-    async def _commit(self, write: _Write) -> int | None:
-        """Group commit: writes that arrive while a transaction is in flight go, together, into the
-        next one — one hop to the connection's thread and one fsync for all of them. Each write keeps
-        its own version check, so batching changes no outcome, only the cost."""
+    async def _commit(self, op: _Op) -> Any:
+        """Group commit: writes that arrive while a transaction is in flight (or in the same turn
+        of the event loop) go, together, into the next one — one commit, and at FULL one fsync,
+        for all of them. Each write keeps its own version check, so batching changes no outcome,
+        only the cost."""
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
-        fut: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-        self._pending.append((write, fut))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        self._pending.append((op, fut))
+        if self._flusher is None and not self._kicked:
+            self._kicked = True
+            loop.call_soon(self._kick)
         return await fut
+
+    def _kick(self) -> None:
+        """The turn of the loop after a write arrived with nothing in flight: what is pending by
+        now commits together. A lone write that needs no fsync commits right here, on the loop's
+        thread, without a task; anything else (several writes, an fsync, a locked file, a WAL to
+        bound) is the flusher task's."""
+        self._kicked = False
+        if self._flusher is not None or not self._pending:
+            return  # the flusher takes what is pending
+        if len(self._pending) == 1:
+            op, fut = self._pending[0]
+            if not (isinstance(op, _Write) and op.durable and self.durability is Durability.FULL):
+                try:
+                    (result,) = self._write_batch([op])
+                except sqlite3.Error as e:
+                    if not _is_busy(e):
+                        self._pending = []
+                        err = _storage_error(self.path, e)
+                        err.__cause__ = e
+                        fut.set_exception(err)
+                        return
+                    # locked by another process: the flusher waits for it on the store's thread
+                except Exception as e:
+                    self._pending = []
+                    fut.set_exception(e)
+                    return
+                else:
+                    self._pending = []
+                    if not fut.done():
+                        fut.set_result(result)
+                    if not self._wal_over():
+                        return
+        self._flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         try:
+            await self._bound_wal()
             while self._pending:
                 batch, self._pending = self._pending, []
+                ops = [op for op, _ in batch]
+                durable = any(isinstance(op, _Write) and op.durable for op in ops)
                 try:
-                    results = await self._call(self._append_batch, [w for w, _ in batch])
+                    # One write: on the loop's thread (no hop). Several (concurrent tasks): one hop
+                    # for all of them, and SQLite works in parallel with the loop's Python.
+                    inline = len(ops) < _HOP_BATCH and not (durable and self.durability is Durability.FULL)
+                    results = await self._transact(self._write_batch, ops, inline)
                 except BaseException as e:
                     for _, fut in batch:
                         if not fut.done():
@@ -415,41 +522,116 @@ class Store:
                 for (_, fut), result in zip(batch, results, strict=True):
                     if not fut.done():
                         fut.set_result(result)
+                await self._bound_wal()
         finally:
             self._flusher = None
 
-    def _append_batch(self, writes: list[_Write]) -> list[int | None]:
-        """The transaction (see the module docstring for its order), for one or more writes. Per
-        write: the last new event's seq (0 when every event was already stored), or None when its
-        version check failed (its events are then not inserted)."""
-        conn: sqlite3.Connection = self._db._conn
+    async def _transact(self, fn: Callable[[Any], Any], arg: Any, inline: bool) -> Any:
+        """Run the write transaction ``fn(arg)`` on the writer: ``inline`` on the event loop's
+        thread, else on the store's. Inline only when it needs no fsync (the loop must not wait
+        for the disk); a file locked by another process (SQLITE_BUSY at BEGIN, nothing written)
+        sends it to the store's thread too, which waits for the lock up to ``BUSY_TIMEOUT_MS``.
+        The one place write errors become ``StorageError``."""
+        try:
+            if inline:
+                try:
+                    return fn(arg)
+                except sqlite3.OperationalError as e:
+                    if not _is_busy(e):
+                        raise
+            return await asyncio.get_running_loop().run_in_executor(self._thread, self._waiting, fn, arg)
+        except sqlite3.Error as e:
+            raise _storage_error(self.path, e) from e
+
+    def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        """``fn(arg)`` on the store's thread, waiting for a locked file."""
+        self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        try:
+            return fn(arg)
+        finally:
+            self._conn.execute("PRAGMA busy_timeout=0")
+
+    def _write_batch(self, ops: list[_Op]) -> list[Any]:
+        """The transaction, for one or more writes (see the module docstring for its order)."""
+        conn = self._conn
         if self.durability is Durability.FULL:
             # FULL fsyncs before an intent's call may start. Later records of an effect (outcome,
             # receipt, resolution) commit at NORMAL: the WAL makes them durable with the next fsync,
             # and one lost to a power cut leaves the effect open, to be reconciled, never re-run.
-            level = "FULL" if any(w.durable for w in writes) else "NORMAL"
+            level = "FULL" if any(isinstance(op, _Write) and op.durable for op in ops) else "NORMAL"
             if level != self._sync_level:
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._sync_level = level
         conn.execute("BEGIN IMMEDIATE")
         try:
-            results: list[int | None] = []
-            for w in writes:
-                sql = _UPDATE_EFFECT if w.row["expected"] else _INSERT_EFFECT
-                if conn.execute(sql, w.row).rowcount != 1:
-                    results.append(None)
-                    continue
-                seq = 0
-                for values in w.encoded:
-                    cur = conn.execute(_INSERT_EVENT, (*values, w.sent))
-                    if cur.rowcount == 1:
-                        seq = cur.lastrowid or seq
-                results.append(seq)
-            conn.execute("COMMIT")
+            results = [self._write_effect(conn, op) if isinstance(op, _Write) else op(conn) for op in ops]
+            conn.execute("COMMIT")  # 3. durable from here: only then does the caller go on
             return results
         except BaseException:
             _rollback(conn)
             raise
+
+    @staticmethod
+    def _write_effect(conn: sqlite3.Connection, w: _Write) -> int | None:
+        """One append: the last new event's seq (0 when every event was already stored), or None
+        when its version check failed (its events are then not inserted)."""
+        # 1. the effect row, if its version is still the one folded from (and, to claim, if free)
+        sql = _UPDATE_EFFECT if w.row["expected"] else _INSERT_EFFECT
+        if conn.execute(sql, w.row).rowcount != 1:
+            return None
+        # 2. its new events, for the relay (sent = 0) unless they came from Kafka
+        seq = 0
+        for values in w.encoded:
+            cur = conn.execute(_INSERT_EVENT, (*values, w.sent))
+            if cur.rowcount == 1:
+                seq = cur.lastrowid or seq
+        return seq
+
+    async def _bound_wal(self) -> None:
+        """Keep the WAL under ``WAL_LIMIT_BYTES``: past it, a TRUNCATE checkpoint on the store's
+        thread copies the whole log into the database and empties it. It waits for this store's
+        writes (the next batch queues meanwhile) and, up to ``_CHECKPOINT_WAIT_MS``, for other
+        connections; a reader holding an old snapshot makes it give up until the WAL has grown by
+        half the limit again. Below the limit nothing happens here: no checkpoint per commit."""
+        size = self._wal_over()
+        if not size:
+            return
+        try:
+            done = await asyncio.get_running_loop().run_in_executor(self._thread, self._truncate_wal)
+        except sqlite3.Error:
+            done = False
+        self._wal_retry_bytes = 0 if done else size + WAL_LIMIT_BYTES // 2
+
+    def _wal_over(self) -> int:
+        """The WAL's size when it is past the limit (and not waiting for a retry), else 0."""
+        try:
+            size = os.stat(self._wal).st_size
+        except OSError:
+            return 0
+        return size if size > max(WAL_LIMIT_BYTES, self._wal_retry_bytes) else 0
+
+    def _truncate_wal(self) -> bool:
+        with self._checkpointing:  # a background round ends first (it only copies: it is short)
+            self._conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
+            try:
+                busy, _, _ = self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            finally:
+                self._conn.execute("PRAGMA busy_timeout=0")
+        return busy == 0
+
+    async def limit_pages(self, pages: int | None) -> None:
+        """Let the file grow to ``pages`` pages at most (None: no limit): a write that needs more
+        fails with ``StorageError`` (SQLITE_FULL), as on a full disk."""
+        n = 1_073_741_823 if pages is None else pages
+
+        def limit(conn: sqlite3.Connection) -> None:
+            conn.execute(f"PRAGMA max_page_count = {int(n)}")
+
+        await self._commit(limit)
+
+    async def page_count(self) -> int:
+        """The file's size in pages."""
+        return int(self._read(lambda: self._reader.execute("PRAGMA page_count").fetchone()[0]))
 
     def add_listener(self, fn: Callable[[int], None]) -> None:
         """Called (in the event loop) with the seq of each committed write meant for the relay."""
@@ -460,92 +642,62 @@ class Store:
     async def unsent(self, limit: int, after: int = 0) -> list[tuple[int, str, str, bytes]]:
         """The oldest events not yet acknowledged by Kafka, after seq ``after``:
         (seq, effect_id, kind, body)."""
-        return await self._run(self._unsent, limit, after)  # type: ignore[no-any-return]
-
-    def _unsent(self, limit: int, after: int) -> list[tuple[int, str, str, bytes]]:
-        conn: sqlite3.Connection = self._db._conn
-        return conn.execute(
-            "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
-            (after, limit),
-        ).fetchall()
+        return self._read(  # type: ignore[no-any-return]
+            lambda: self._reader.execute(
+                "SELECT seq, effect_id, kind, body FROM events WHERE sent = 0 AND seq > ? ORDER BY seq LIMIT ?",
+                (after, limit),
+            ).fetchall()
+        )
 
     async def mark_sent(self, seqs: Sequence[int]) -> None:
         """Mark events acknowledged by the broker. Called only after their delivery reports."""
-        await self._run(self._mark_sent, list(seqs))
+        ids = list(seqs)
 
-    def _mark_sent(self, seqs: list[int]) -> None:
-        conn: sqlite3.Connection = self._db._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if seqs and seqs[-1] - seqs[0] + 1 == len(seqs):
-                conn.execute("UPDATE events SET sent = 1 WHERE seq BETWEEN ? AND ? AND sent = 0", (seqs[0], seqs[-1]))
+        def mark(conn: sqlite3.Connection) -> None:
+            if ids and ids[-1] - ids[0] + 1 == len(ids):
+                conn.execute("UPDATE events SET sent = 1 WHERE seq BETWEEN ? AND ? AND sent = 0", (ids[0], ids[-1]))
             else:
-                conn.executemany("UPDATE events SET sent = 1 WHERE seq = ?", [(s,) for s in seqs])
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+                conn.executemany("UPDATE events SET sent = 1 WHERE seq = ?", [(s,) for s in ids])
+
+        await self._commit(mark)
 
     async def mark_dead(self, dead: Sequence[tuple[int, str]], at_ms: int) -> None:
         """Mark events Kafka refused for good (too large, invalid) as dead-lettered, with the reason:
         ``sent = 2`` takes them out of the outbox, ``dead_letters`` keeps why, for an operator."""
-        await self._run(self._mark_dead, list(dead), at_ms)
+        rows = list(dead)
 
-    def _mark_dead(self, dead: list[tuple[int, str]], at_ms: int) -> None:
-        conn: sqlite3.Connection = self._db._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany("UPDATE events SET sent = 2 WHERE seq = ? AND sent = 0", [(seq,) for seq, _ in dead])
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE events SET sent = 2 WHERE seq = ? AND sent = 0", [(seq,) for seq, _ in rows])
             conn.executemany(
                 "INSERT OR REPLACE INTO dead_letters (seq, at_ms, reason) VALUES (?, ?, ?)",
-                [(seq, at_ms, reason) for seq, reason in dead],
+                [(seq, at_ms, reason) for seq, reason in rows],
             )
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
+
+        await self._commit(mark)
 
     async def outbox_depth(self) -> int:
+        """Events not yet acknowledged by Kafka."""
         rows = await self.query("SELECT count(*) AS n FROM events WHERE sent = 0")
         return int(rows[0]["n"])
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         """Events Kafka refused for good, oldest first: seq, effect_id, kind, size, at_ms, reason."""
-        return await self.query(  # type: ignore[return-value]
+        return await self.query(
             "SELECT d.seq, e.effect_id, e.kind, length(e.body) AS size, d.at_ms, d.reason "
             "FROM dead_letters d JOIN events e ON e.seq = d.seq ORDER BY d.seq"
         )
 
-    async def set_backoff(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
-        await self.query(
-            "UPDATE effects SET check_tries = ?, next_check_ms = ? WHERE effect_id = ?",
-            (tries, next_check_ms, effect_id),
-        )
+    async def record_check(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
+        """Record that reconcilers were asked ``tries`` times, and when to ask next (the backoff:
+        operational, not an event; reset when the effect changes state)."""
 
-    async def checkpoint(self) -> None:
-        await self._run(lambda: self._db._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+        def record(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE effects SET check_tries = ?, next_check_ms = ? WHERE effect_id = ?",
+                (tries, next_check_ms, effect_id),
+            )
 
-
-def _row(e: Effect) -> dict[str, Any]:
-    i = e.first_intent
-    return {
-        "effect_id": e.effect_id,
-        "state": e.state.value,
-        "target": i.target if i else "",
-        "operation": i.operation if i else "",
-        "namespace": i.namespace if i else "",
-        "run_id": i.run_id if i else "",
-        "step": i.step if i else "",
-        "attempt": e.attempt,
-        "version": e.version,
-        "deadline_ms": e.deadline_ms,
-        "created_ms": e.created_ms,
-        "updated_ms": e.updated_ms,
-        "receipt_id": e.receipt.receipt_id if e.receipt else None,
-        "executions": e.executions,
-        "flags": ",".join(f.value for f in e.flags),
-        "reason": e.reason,
-    }
+        await self._commit(record)
 
 
 __all__ = ["Store", "Durability", "ClaimOp", "Claim", "Loaded", "VersionConflict", "State"]

@@ -10,7 +10,7 @@ from effect_ledger.processors.console.query import DEFAULT_FROM, DEFAULT_STUCK, 
 from effect_ledger.processors.console.source import MAX_ROWS, Chart, EffectsPage
 from effect_ledger.processors.ops.audit import AuditReport
 from effect_ledger.processors.ops.views import Escalation, Row, Trace
-from effect_ledger.streams.model import DecisionKind, State
+from effect_ledger.streams.model import UNSETTLED_STATES, DecisionKind, State
 from effect_ledger.streams.timeparse import iso
 
 NAV = (("/", "effects"), ("/stuck", "stuck & escalations"), ("/audit", "audit"))
@@ -80,8 +80,8 @@ def _rows_table(rows: list[Row], table_id: str, stuck_ms: int | None = None, now
                                              "reason"))
     body = []
     for r in rows:
-        cls = ' class="stuck"' if stuck_ms is not None and now_ms - r.created_ms > stuck_ms and r.state in (
-            "PENDING", "EXECUTED", "UNCERTAIN", "ESCALATED") else ""
+        late = stuck_ms is not None and now_ms - r.created_ms > stuck_ms
+        cls = ' class="stuck"' if late and r.state in UNSETTLED_STATES else ""
         body.append(
             f"<tr{cls}><td>{_trace_link(r.effect_id)}</td><td><span class=\"st st-{escape(r.state)}\">"
             f"{escape(r.state)}</span></td><td>{escape(r.target)}</td><td>{escape(r.operation)}</td>"

@@ -53,10 +53,8 @@ class Source:
         """Fail now, before the console serves, on what every page would fail on: a file that is
         not a ledger (or is damaged where every page reads), or a broker that does not answer."""
         if self.db is not None:
-            with views.ledger_file(self.db) as conn:
-                # Rows, not count(*): a count may be answered from an index without the table's pages.
-                conn.execute("SELECT * FROM effects LIMIT 1").fetchall()
-                conn.execute("SELECT * FROM events LIMIT 1").fetchall()
+            with views.ledger_file(self.db) as reader:
+                reader.check()
             return
         from effect_ledger.streams.admin import wait_ready
 
@@ -70,11 +68,8 @@ class Source:
     def _window(self, q: Query) -> Iterable[views.Row]:
         """Every effect begun inside the window (``created_ms`` in [from, to))."""
         if self.db is not None:
-            with views.ledger_file(self.db) as conn:
-                found = conn.execute(
-                    "SELECT * FROM effects WHERE created_ms >= ? AND created_ms < ? ORDER BY created_ms DESC",
-                    (q.from_ms, q.to_ms),
-                ).fetchall()
+            with views.ledger_file(self.db) as reader:
+                found = reader.created_between(q.from_ms, q.to_ms)
             return [views.row_of_sql(r) for r in found]
         assert self.cfg is not None
         states = [s for s in latest_states(self.cfg).values() if q.from_ms <= s.created_ms < q.to_ms]

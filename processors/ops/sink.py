@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -21,30 +20,13 @@ from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.model import EffectState
 from effect_ledger.streams.schema_topic import kafka_codec
+from effect_ledger.streams.tables import state_row
 
 MAX_BATCH = 100_000  # records per transaction, at most (--batch)
 
 
-def effect_row(st: EffectState) -> dict[str, Any]:
-    """One row of the ``effects`` table for a state record: the one builder both databases use."""
-    return {
-        "effect_id": st.effect_id,
-        "state": st.state.value,
-        "target": st.target,
-        "operation": st.operation,
-        "namespace": st.namespace,
-        "run_id": st.run_id,
-        "step": st.step,
-        "attempt": st.attempt,
-        "version": st.version,
-        "created_ms": st.created_ms,
-        "updated_ms": st.updated_ms,
-        "deadline_ms": st.deadline_ms,
-        "receipt_id": st.receipt_id,
-        "executions": st.executions,
-        "flags": ",".join(st.flags),
-        "reason": st.reason,
-    }
+#: One row of the ``effects`` table for a state record: the ledger file's builder, shared.
+effect_row = state_row
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from effect_ledger.processors.ops.sources import SourceError
+from effect_ledger.streams.tables import ROW_COLUMNS
 
 # BIGINT: epoch milliseconds overflow PostgreSQL's 4-byte INTEGER; SQLite reads it as INTEGER.
 SCHEMA = (
@@ -48,10 +49,7 @@ SCHEMA = (
 )""",
 )
 
-COLUMNS = (
-    "effect_id", "state", "target", "operation", "namespace", "run_id", "step", "attempt", "version",
-    "created_ms", "updated_ms", "deadline_ms", "receipt_id", "executions", "flags", "reason",
-)  # fmt: skip
+COLUMNS = ROW_COLUMNS  # the ledger file's effect row (``tables.state_row`` builds both)
 
 
 def _upsert(param: str) -> str:

@@ -9,7 +9,6 @@ in the base install.
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 import uuid
@@ -20,8 +19,10 @@ from typing import TYPE_CHECKING
 
 from effect_ledger.streams.codec import Codec, DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import StorageError
 from effect_ledger.streams.model import EffectState, Event, Retirement, misplaced
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.reader import LedgerReader
 from effect_ledger.streams.schema_topic import kafka_codec
 
 if TYPE_CHECKING:
@@ -319,12 +320,15 @@ def db_events(path: str | Path, from_ms: int | None = None, to_ms: int | None = 
     if not p.exists():
         raise SourceError(f"no ledger file at {p}")
     codec = default_codec()
-    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    try:
+        reader = LedgerReader.open(p)
+    except StorageError as e:
+        raise SourceError(str(e)) from None
     started, ended = from_ms is None, False
     try:
         try:
             # One pass in the order of writing: times only mark where the window starts and ends.
-            for seq, key, at_ms, body in conn.execute("SELECT seq, effect_id, at_ms, body FROM events ORDER BY seq"):
+            for seq, key, at_ms, body in reader.events():
                 started = started or (from_ms is not None and at_ms >= from_ms)
                 if not started:
                     continue
@@ -333,7 +337,7 @@ def db_events(path: str | Path, from_ms: int | None = None, to_ms: int | None = 
                     yield Replayed(codec.decode(body), None, 0, seq, key, not ended)
                 except DecodeError as e:
                     yield Replayed(None, str(e), 0, seq, key, not ended)
-        except sqlite3.DatabaseError as e:
-            raise SourceError(f"{p} is not an effect-ledger file, or is damaged: {e}") from None
+        except StorageError as e:
+            raise SourceError(str(e)) from None
     finally:
-        conn.close()
+        reader.close()

@@ -16,8 +16,9 @@ from pathlib import Path
 from effect_ledger.processors.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, apply, decision_refusal, fold
-from effect_ledger.streams.errors import DecisionRefused
+from effect_ledger.streams.errors import DecisionRefused, StorageError
 from effect_ledger.streams.model import (
+    UNSETTLED_STATES,
     Decision,
     DecisionKind,
     EffectState,
@@ -29,40 +30,36 @@ from effect_ledger.streams.model import (
     State,
     Timeout,
 )
+from effect_ledger.streams.reader import LedgerReader
 from effect_ledger.streams.schema_topic import kafka_codec
 
-INTERMEDIATE = (State.PENDING, State.EXECUTED, State.UNCERTAIN, State.ESCALATED)
+INTERMEDIATE = UNSETTLED_STATES  # open, or escalated to a person
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def read_only(path: str | Path) -> sqlite3.Connection:
-    p = Path(path)
-    if not p.exists():
-        raise SourceError(f"no ledger file at {p}")
-    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
-    conn.row_factory = sqlite3.Row
+def read_only(path: str | Path) -> LedgerReader:
+    """A read-only reader of a ledger file; a missing file or one that is not a ledger is a
+    ``SourceError`` naming it."""
     try:
-        conn.execute("SELECT 1 FROM effects LIMIT 1").fetchall()
-    except sqlite3.DatabaseError as e:
-        conn.close()
-        raise SourceError(f"{p} is not an effect-ledger file: {e}") from None
-    return conn
+        return LedgerReader.open(path)
+    except StorageError as e:
+        raise SourceError(str(e)) from None
 
 
 @contextmanager
-def ledger_file(path: str | Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to a ledger file, closed afterwards; a damaged file (a corrupt page
+def ledger_file(path: str | Path) -> Iterator[LedgerReader]:
+    """A read-only reader of a ledger file, closed afterwards; a damaged file (a corrupt page
     met by a query) is a ``SourceError`` naming it."""
-    conn = read_only(path)
+    reader = read_only(path)
     try:
-        yield conn
-    except sqlite3.DatabaseError as e:
-        raise SourceError(f"{path} is not an effect-ledger file, or is damaged: {e}") from None
+        yield reader
+    except StorageError as e:
+        raise SourceError(str(e)) from None
     finally:
-        conn.close()
+        reader.close()
 
 
 @dataclass(frozen=True)
@@ -91,14 +88,9 @@ def stuck(
     """Effects in an intermediate state (PENDING, EXECUTED, UNCERTAIN, ESCALATED) that began
     more than ``older_than_ms`` ago, oldest first."""
     cutoff = (now or now_ms()) - older_than_ms
-    states = tuple(s.value for s in INTERMEDIATE)
     if db is not None:
-        with ledger_file(db) as conn:
-            rows = conn.execute(
-                f"SELECT * FROM effects WHERE state IN ({','.join('?' * len(states))}) AND created_ms < ? "
-                "ORDER BY created_ms",
-                (*states, cutoff),
-            ).fetchall()
+        with ledger_file(db) as reader:
+            rows = reader.unsettled(cutoff)
         return [row_of_sql(r) for r in rows]
     assert cfg is not None
     found = [s for s in latest_states(cfg).values() if s.state in INTERMEDIATE and s.created_ms < cutoff]
@@ -115,8 +107,8 @@ class Escalation:
 def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> list[Escalation]:
     """ESCALATED effects with their evidence: attempts and every reconciler answer."""
     if db is not None:
-        with ledger_file(db) as conn:
-            rows = conn.execute("SELECT * FROM effects WHERE state = 'ESCALATED' ORDER BY created_ms").fetchall()
+        with ledger_file(db) as reader:
+            rows = reader.in_state(State.ESCALATED)
         base = {r["effect_id"]: row_of_sql(r) for r in rows}
         records: Iterable[Event] = (r.event for r in db_events(db) if r.event and r.event.effect_id in base)
     else:

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
-from tests.bench import audit, detection, processor, relay, sdk
+from tests.bench import audit, detection, processor, relay, sdk, wal
 from tests.bench.common import CPU_COUNT, ROOT, BenchResult, Context, Skip, disk_info
 from tests.bench.report import print_table, write_json
 
@@ -26,6 +26,7 @@ from tests.bench.report import print_table, write_json
 # measured rate (to size its fill), so it runs after processor_throughput.
 BENCHMARKS: dict[str, tuple[Callable[[Context], BenchResult], bool]] = {
     "sdk_overhead_embedded": (sdk.run, False),
+    "wal_bound": (wal.run, False),
     "relay_throughput": (relay.run, True),
     "processor_throughput": (processor.run_throughput, True),
     "detection_latency": (detection.run, True),

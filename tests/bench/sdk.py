@@ -9,7 +9,8 @@ Per repetition and durability (fresh files each time):
 * concurrent: 64 tasks share the ledger; effects/s. Raw limit: the same 64 tasks doing one-row
   INSERT+COMMIT through one aiosqlite connection (commits/s).
 
-A counting pass before the timed runs records how many thread hops and commits one execute costs.
+A counting pass before the timed runs records how many thread hops and commits one execute costs
+(at NORMAL none: the store writes on the event loop's thread; at FULL one per intent, for its fsync).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 import aiosqlite
 
 from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.reconcile import Target
 from tests.bench.common import BenchResult, Context, Metric, disk_info, fmt, percentile
 
 CONCURRENCY = 64
@@ -56,39 +58,40 @@ async def _bare_calls(n: int) -> float:
 
 
 async def _count_pass(path: Path, durability: str, n: int = 50) -> dict[str, float]:
-    """Thread hops to the aiosqlite connection and SQLite commits per execute (not timed): hops by
-    wrapping the connection's ``_execute``, commits with SQLite's statement trace."""
-    ledger = await Ledger.open(str(path), durability=durability)
-    db = ledger.store._db
+    """Thread hops and SQLite commits per execute (not timed): hops by wrapping the store's
+    thread, commits with SQLite's statement trace on its writer."""
+    ledger = await Ledger.open(str(path), durability=durability, targets=[Target("payments")])
+    store = ledger.store
     hops = commits = 0
-    orig = db._execute
+    pool = store._thread
+    orig = pool.submit
 
-    async def counting(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    def counting(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
         nonlocal hops
         hops += 1
-        return await orig(fn, *args, **kwargs)
+        return orig(fn, *args, **kwargs)
 
     def trace(sql: str) -> None:
         nonlocal commits
         if sql.lstrip().upper().startswith(("COMMIT", "END")):
             commits += 1
 
-    await db._execute(db._conn.set_trace_callback, trace)
-    db._execute = counting  # type: ignore[method-assign]
+    store._conn.set_trace_callback(trace)
+    pool.submit = counting  # type: ignore[method-assign]
     try:
         run_id = uuid.uuid4().hex
         for i in range(n):
             await _execute(ledger, run_id, i)
     finally:
-        db._execute = orig  # type: ignore[method-assign]
-        await db._execute(db._conn.set_trace_callback, None)
+        pool.submit = orig  # type: ignore[method-assign]
+        store._conn.set_trace_callback(None)
         await ledger.close()
     return {"thread_hops_per_effect": hops / n, "commits_per_effect": commits / n}
 
 
 async def _sdk_sequential(path: Path, durability: str, n: int) -> tuple[float, list[float], float]:
     """Returns (overhead us/effect, per-execute latencies in us, event-loop thread CPU us/effect)."""
-    ledger = await Ledger.open(str(path), durability=durability)
+    ledger = await Ledger.open(str(path), durability=durability, targets=[Target("payments")])
     try:
         warm = uuid.uuid4().hex
         for i in range(min(100, n)):
@@ -112,7 +115,7 @@ async def _sdk_sequential(path: Path, durability: str, n: int) -> tuple[float, l
 
 async def _sdk_concurrent(path: Path, durability: str, n: int) -> tuple[float, float]:
     """Returns (effects/s, event-loop thread CPU us/effect)."""
-    ledger = await Ledger.open(str(path), durability=durability)
+    ledger = await Ledger.open(str(path), durability=durability, targets=[Target("payments")])
     try:
         warm = uuid.uuid4().hex
         await asyncio.gather(*(_execute(ledger, warm, i) for i in range(CONCURRENCY)))

@@ -24,17 +24,14 @@ from effect_ledger.streams.reconcile import Found, Target
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, FakeClock, db_counts, event_kinds, reconciler_of, run
 
-NO_LIMIT = 1_073_741_823
-
 
 async def fill_the_disk(ledger: Ledger) -> None:
     """From now on the database may not grow by a single page."""
-    pages = (await ledger.store.query("PRAGMA page_count"))[0]["page_count"]
-    await ledger.store.query(f"PRAGMA max_page_count = {pages}")
+    await ledger.store.limit_pages(await ledger.store.page_count())
 
 
 async def free_the_disk(ledger: Ledger) -> None:
-    await ledger.store.query(f"PRAGMA max_page_count = {NO_LIMIT}")
+    await ledger.store.limit_pages(None)
 
 
 def test_disk_full_after_a_successful_call_is_uncertain_and_the_intent_stays_recoverable(tmp_path: Path) -> None:

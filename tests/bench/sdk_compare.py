@@ -1,0 +1,83 @@
+"""``python -m tests.bench.sdk_compare --baseline DIR``: ``Ledger.execute`` of this tree beside
+another build of effect-ledger (today's main, say), measured in the same run, interleaved.
+
+``DIR`` holds an ``effect_ledger`` package of the other build (its ``streams``, ``processors`` and
+``schemas`` folders linked in, as ``make lint`` does for mypy), for example::
+
+    git archive 4432fc9 | tar -x -C /tmp/oldmain
+    mkdir -p /tmp/oldpkg/effect_ledger
+    for f in /tmp/oldmain/effect_ledger/*; do ln -s "$f" /tmp/oldpkg/effect_ledger/; done
+    for d in schemas streams processors; do ln -s /tmp/oldmain/$d /tmp/oldpkg/effect_ledger/$d; done
+    .venv/bin/python -m tests.bench.sdk_compare --baseline /tmp/oldpkg
+
+Each measurement is a fresh process on a fresh file (``sdk_probe.py``, with ``PYTHONPATH`` set to
+``DIR`` for the baseline); per repetition the two builds alternate. Prints medians and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PROBE = Path(__file__).with_name("sdk_probe.py")
+ROWS = [("sequential", "NORMAL"), ("sequential", "FULL"), ("concurrent", "NORMAL")]
+
+
+def probe(mode: str, durability: str, n: int, path: Path, pythonpath: str | None) -> dict[str, float]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    out = subprocess.run(
+        [sys.executable, str(PROBE), mode, durability, str(n), str(path)],
+        env=env, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir(),
+    )  # fmt: skip
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["confirmed"] != result["n"]:
+        raise SystemExit(f"{mode} {durability}: only {result['confirmed']} of {result['n']} effects CONFIRMED")
+    return result
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m tests.bench.sdk_compare", description=__doc__)
+    p.add_argument("--baseline", required=True, help="folder holding the other build's effect_ledger package")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--n", type=int, default=2000, help="effects per sequential measurement [2000]")
+    p.add_argument("--n-concurrent", type=int, default=6400, help="effects per concurrent measurement [6400]")
+    args = p.parse_args()
+    runs: dict[tuple[str, str, str], list[float]] = {}
+    cpu: dict[tuple[str, str, str], list[float]] = {}
+    with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
+        for rep in range(args.reps):
+            for mode, dur in ROWS:
+                n = args.n if mode == "sequential" else args.n_concurrent
+                for build, pp in (("baseline", args.baseline), ("this", None)):
+                    r = probe(mode, dur, n, Path(tmp) / f"{build}-{mode}-{dur}-{rep}.db", pp)
+                    value = r["us_per_effect"] if mode == "sequential" else r["effects_per_s"]
+                    runs.setdefault((mode, dur, build), []).append(value)
+                    cpu.setdefault((mode, dur, build), []).append(r["cpu_us_per_effect"])
+                    print(f"rep {rep + 1}: {mode} {dur} {build}: {value:,.0f}", file=sys.stderr)
+    # CPU (every thread of the process) beside wall time: on a shared machine it is the steadier one.
+    head = f"{'row':<22} {'baseline':>12} {'this':>12} {'ratio':>7}"
+    print(f"{head}   {'CPU us/effect: baseline':>24} {'this':>6} {'ratio':>6}")
+    for mode, dur in ROWS:
+        unit = "us/effect" if mode == "sequential" else "effects/s"
+        b_runs, t_runs = runs[(mode, dur, "baseline")], runs[(mode, dur, "this")]
+        base, this = statistics.median(b_runs), statistics.median(t_runs)
+        ratio = statistics.median(t / b for t, b in zip(t_runs, b_runs, strict=True))
+        b_cpu, t_cpu = cpu[(mode, dur, "baseline")], cpu[(mode, dur, "this")]
+        cpu_ratio = statistics.median(t / b for t, b in zip(t_cpu, b_cpu, strict=True))
+        print(
+            f"{mode + ' ' + dur:<22} {base:>12,.0f} {this:>12,.0f} {ratio:>6.2f}x   {statistics.median(b_cpu):>24,.0f} "
+            f"{statistics.median(t_cpu):>6,.0f} {cpu_ratio:>5.2f}x  ({unit}, median of {args.reps})"
+        )
+
+
+if __name__ == "__main__":
+    main()
