@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -18,7 +19,6 @@ from effect_ledger.processors.ops.sink_db import SinkStore, open_store
 from effect_ledger.processors.ops.sources import SourceError, _partitions
 from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import EffectState
 from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.tables import state_row
 

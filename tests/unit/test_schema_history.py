@@ -248,4 +248,5 @@ def test_official_java_checker_agrees() -> None:
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
-    assert " 0 incompatible" in run.stdout and f"equals the Python codec's for all {len(schemas.NAMES)} records" in run.stdout
+    assert " 0 incompatible" in run.stdout
+    assert f"equals the Python codec's for all {len(schemas.NAMES)} records" in run.stdout
