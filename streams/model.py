@@ -33,8 +33,6 @@ OPEN_STATES = frozenset({State.PENDING, State.EXECUTED, State.UNCERTAIN})
 IN_FLIGHT_STATES = frozenset({State.PENDING, State.EXECUTED})
 #: Not settled: open, or escalated to a person (what an operator sees as stuck).
 UNSETTLED_STATES = OPEN_STATES | {State.ESCALATED}
-#: Closed by a person without a receipt: nothing more is done with the key.
-CLOSED_STATES = frozenset({State.ABANDONED, State.COMPENSATED})
 
 
 class Outcome(StrEnum):

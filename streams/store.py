@@ -246,7 +246,7 @@ class Store:
         self._kicked = False  # a _kick is scheduled
         # The store's thread: fsyncs, waits for a locked file, the WAL-bounding checkpoint.
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
-        self._wal = path.with_name(path.name + "-wal")
+        self._wal = str(path) + "-wal"  # a str: os.stat of a Path converts it on every commit
         self._wal_retry_bytes = 0  # a bounding checkpoint that could not finish is retried past this size
         # Held by a checkpoint of this store: the bounding one waits for a background round to end
         # rather than failing on SQLite's checkpoint lock (and a round skips while it runs).

@@ -1,9 +1,9 @@
 """wal_bound: one ledger file written at full speed (64 concurrent tasks, NORMAL), its WAL and
 database sizes followed throughout, and the cost per effect at the start and at the end.
 
-``make bench`` writes ``EFFECTS_BENCH_WAL_EFFECTS`` effects (default 200,000; 50,000 with
-``--quick``); set it to 1000000 for the full row (about ten minutes here). Standalone:
-``python -m tests.bench.wal [EFFECTS]``.
+``make bench`` writes ``EFFECTS_BENCH_WAL_EFFECTS`` effects (default 100,000; 25,000 with
+``--quick``); set it to 1000000 for the full row (32 minutes on a busy 2-core machine, a 1.9 GB
+file). Standalone: ``python -m tests.bench.wal [EFFECTS]``.
 
 Figures: the peak size of the ``-wal`` file (sampled by every task every 16 effects, and after
 the run), the database's size at the end (before close), and the median cost (wall microseconds
@@ -98,7 +98,7 @@ def _effects(ctx: Context | None) -> int:
     env = os.environ.get("EFFECTS_BENCH_WAL_EFFECTS")
     if env:
         return int(env)
-    return 50_000 if ctx is not None and ctx.quick else 200_000
+    return 25_000 if ctx is not None and ctx.quick else 100_000
 
 
 def run(ctx: Context) -> BenchResult:
