@@ -133,7 +133,8 @@ def test_open_effects_unsent_events_and_the_files_last_event_are_kept(tmp_path: 
             await _execute(ledger, dest, step="later")
             # An outbox whose events Kafka has not acknowledged: kept.
             assert await retire_store.retire(ledger.store, clock(), DAY, require_sent=True) == []
-            await ledger.store.query("UPDATE events SET sent = 1 WHERE effect_id = ?", (KEY,))
+            # (the broker's acknowledgement, as the relay records it; Store.query is read-only)
+            await ledger.store.run(lambda conn: conn.execute("UPDATE events SET sent = 1 WHERE effect_id = ?", (KEY,)))
             assert [m.effect_id for m in await retire_store.retire(ledger.store, clock(), DAY, require_sent=True)] == [
                 KEY
             ]
