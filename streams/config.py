@@ -35,18 +35,22 @@ class Topics:
 
     @property
     def events(self) -> str:
+        """The event log of every effect (intents, outcomes, receipts, resolutions, timeouts), keyed by effect key."""
         return f"{self.prefix}effects.events"
 
     @property
     def state(self) -> str:
+        """Each effect's current state as the processor folds it (compacted: the latest per key)."""
         return f"{self.prefix}effects.state"
 
     @property
     def uncertain(self) -> str:
+        """Effects newly UNCERTAIN, the work queue of the reconciliation consumers."""
         return f"{self.prefix}effects.uncertain"
 
     @property
     def dlq(self) -> str:
+        """Dead letters: records that could not be decoded or applied, with the reason."""
         return f"{self.prefix}effects.dlq"
 
     @property
@@ -65,6 +69,7 @@ class Topics:
         return f"{self.prefix}effects.schemas"
 
     def all(self) -> tuple[str, ...]:
+        """Every topic name, prefixed, in a fixed order."""
         return (self.events, self.state, self.uncertain, self.dlq, self.decisions, self.keys, self.schemas)
 
 
@@ -91,10 +96,15 @@ class KafkaConfig:
 
     @property
     def topics(self) -> Topics:
+        """The topic names under this config's ``prefix``."""
         return Topics(self.prefix)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KafkaConfig:
+        """A config from the environment variables above; an override that is not None wins.
+
+        Raises ValueError when ``EFFECTS_PARTITIONS`` or ``EFFECTS_REPLICATION`` is not an integer.
+        """
         env = os.environ
         values: dict[str, Any] = {
             "bootstrap": env.get("KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),

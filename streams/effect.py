@@ -104,13 +104,16 @@ class Effect:
 
     @property
     def version(self) -> int:
+        """How many distinct events have been folded in; it grows by one with each new fact."""
         return len(self.facts)
 
     def has(self, event_id: str) -> bool:
+        """Whether the event with this id is already among the facts (a redelivery is a no-op)."""
         return any(f.event_id == event_id for f in self.facts)
 
     @property
     def resolutions(self) -> list[Resolution]:
+        """The reconcilers' answers for this key, every attempt, in canonical order."""
         return [f for f in self.facts if isinstance(f, Resolution)]
 
 
@@ -193,6 +196,7 @@ def expire(effect: Effect, now_ms: int) -> list[Timeout]:
 
 
 def timeout_event_id(effect_id: str, attempt: int, phase: TimeoutPhase) -> str:
+    """The deterministic event id of an attempt's timeout in one phase, the same on every processor."""
     return f"timeout:{phase.value.lower()}:{attempt}:{effect_id}"
 
 

@@ -104,12 +104,18 @@ class HttpReconciler:
         return self._timeout_s
 
     def url_for(self, effect: EffectView) -> str:
+        """The URL ``check`` would GET for this effect, with its key filled in and percent-encoded."""
         return str(self._url(effect))
 
     def _url(self, effect: EffectView) -> URL:
         return key_url(self.url, effect.effect_id, target=effect.target, operation=effect.operation)
 
     async def check(self, effect: EffectView) -> Answer:
+        """GET the effect's URL and map the reply to Found, Absent or Unknown.
+
+        Never raises for a network failure, a timeout, a refused redirect or an oversized body: each
+        of those is an Unknown with the reason.
+        """
         # Imported here, not at the top: aiohttp is most of the import time of `import effect_ledger`,
         # and most programs that import it never ask a destination.
         import aiohttp

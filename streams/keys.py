@@ -23,6 +23,11 @@ _KEY = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: safe in HTTP
 
 
 def check_name(kind: str, value: object) -> str:
+    """Return ``value`` if it is a valid target or operation name (``kind`` names it in the error).
+
+    A name is 1-64 ASCII letters, digits, ``_``, ``.`` or ``-``, starting with a letter or digit;
+    anything else raises ``InvalidEffect``.
+    """
     if not isinstance(value, str) or not _NAME.fullmatch(value):
         raise InvalidEffect(
             f"invalid {kind} {value!r}: 1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
@@ -31,6 +36,11 @@ def check_name(kind: str, value: object) -> str:
 
 
 def check_key(key: object) -> str:
+    """Return ``key`` if it can serve as an idempotency key, or raise ``InvalidEffect``.
+
+    A key is 1-255 printable ASCII characters without spaces and not made only of dots, so that it
+    is safe in HTTP headers and URLs.
+    """
     if not isinstance(key, str) or not key:
         raise InvalidEffect(f"invalid effect key {key!r}: a non-empty string")
     if len(key) > MAX_KEY_LENGTH:
@@ -101,4 +111,5 @@ def canonical_json(value: Any) -> str:
 
 
 def digest(canonical: str) -> str:
+    """The sha256 (hex) of a request's canonical JSON, as ``canonical_request`` computes it."""
     return hashlib.sha256(canonical.encode()).hexdigest()

@@ -36,6 +36,9 @@ UNSETTLED_STATES = OPEN_STATES | {State.ESCALATED}
 
 
 class Outcome(StrEnum):
+    """How one call to the destination ended: OK (accepted), FAILED (definitively rejected, nothing
+    happened) or UNKNOWN (a timeout or transport error: it may or may not have happened)."""
+
     OK = "OK"
     FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"
@@ -52,6 +55,9 @@ class ReceiptSource(StrEnum):
 
 
 class Verdict(StrEnum):
+    """A reconciler's answer: FOUND (it happened), ABSENT (it never happened, a retry is safe),
+    UNKNOWN (no answer this time, ask again later) or ESCALATE (nobody can tell: a person decides)."""
+
     FOUND = "FOUND"
     ABSENT = "ABSENT"
     UNKNOWN = "UNKNOWN"
@@ -70,11 +76,17 @@ class DecisionKind(StrEnum):
 
 
 class TimeoutPhase(StrEnum):
+    """Which deadline a ``Timeout`` records: the call's (no outcome in time) or the receipt's (an OK
+    call whose receipt never came)."""
+
     CALL = "CALL"
     RECEIPT = "RECEIPT"
 
 
 class Flag(StrEnum):
+    """An anomaly the fold found in one key's events, derived again on every fold: each stays while
+    its cause is among the facts (NO_INTENT ends when the intent arrives)."""
+
     DUPLICATE_EXECUTION = "DUPLICATE_EXECUTION"  # two successful executions of one key
     DUPLICATE_RECEIPT = "DUPLICATE_RECEIPT"  # two distinct receipt ids for one key
     CONFLICT = "CONFLICT"  # the same key with a different request digest
@@ -91,6 +103,10 @@ INEXACT_PREFIX = '{"' + INEXACT + '":'  # how such a value's JSON text starts
 
 @dataclass(frozen=True, slots=True)
 class Intent:
+    """Records that one attempt is about to call the destination, written durably before the call.
+    ``effect_id`` is the idempotency key handed to the destination (``keyed``: whether it was);
+    ``request`` is the canonical JSON and ``deadline_ms`` when the call counts as overdue."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -109,6 +125,10 @@ class Intent:
 
 @dataclass(frozen=True, slots=True)
 class Executed:
+    """Records how one attempt's call ended, written when the call returned or raised; ``error`` says
+    what went wrong, when something did. After an OK call without a receipt, ``receipt_deadline_ms``
+    (None: the intent's deadline) is when the missing receipt makes the effect uncertain."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -123,6 +143,10 @@ class Executed:
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
+    """Records the destination's confirmation that the effect happened: its id for it
+    (``receipt_id``) and what it returned (JSON), from the call, a webhook, a reconciler or a person.
+    ``attempt`` is 0 when the sender cannot tell which attempt it confirms."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -134,6 +158,10 @@ class Receipt:
 
 @dataclass(frozen=True, slots=True)
 class Resolution:
+    """Records a reconciler's answer about an uncertain attempt, written by the reconciliation
+    consumers after asking the destination. ``receipt_id`` and ``value`` are set on FOUND; ``tries``
+    counts how often the destination has been asked about this attempt."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -148,6 +176,10 @@ class Resolution:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
+    """Records a person's decision on an effect (``Ledger.decide``, ``effects resolve``), typically an
+    escalated one. Written to ``effects.decisions`` (one on ``effects.events`` is not folded); ``by`` is
+    who the person says they are, ``principal`` who the writing client was."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -161,6 +193,10 @@ class Decision:
 
 @dataclass(frozen=True, slots=True)
 class Timeout:
+    """Records that an attempt passed its deadline without an outcome (CALL) or a receipt (RECEIPT),
+    written by the processor's timer. Its event id is deterministic, so a timer firing twice applies
+    once."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -202,6 +238,10 @@ def misplaced(record: object, *, decisions_topic: bool) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class EffectState:
+    """One effect's latest state as the processor folded it, published to the compacted
+    ``effects.state`` on every change. ``version`` counts the events folded in; ``executions`` above 1
+    is a duplicate execution; None fields are not known (or not applicable) in this state."""
+
     effect_id: str
     state: State
     target: str
@@ -224,6 +264,10 @@ class EffectState:
 
 @dataclass(frozen=True, slots=True)
 class UncertainEffect:
+    """A work item for the reconcilers: an effect whose outcome is unknown, published to
+    ``effects.uncertain`` when the effect becomes UNCERTAIN (once per attempt and round of asking).
+    It carries the intent's target, operation and request so a reconciler can ask the destination."""
+
     event_id: str
     effect_id: str
     at_ms: int
@@ -241,6 +285,9 @@ class UncertainEffect:
 
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
+    """A record that could not be decoded or applied, copied to ``effects.dlq`` with the reason
+    (``error``) and where it was read from; ``key`` and ``value`` are the raw bytes (None: absent)."""
+
     at_ms: int
     consumer: str
     topic: str

@@ -82,7 +82,10 @@ class Reconciler(Protocol):
 
     name: str
 
-    async def check(self, effect: EffectView) -> Answer: ...
+    async def check(self, effect: EffectView) -> Answer:
+        """Ask the destination about ``effect.effect_id``: Found only with proof it happened, Absent only
+        with proof it did not, else Unknown. An exception, or an ask longer than the target's timeout,
+        counts as Unknown."""
 
 
 class CallableReconciler:
@@ -93,6 +96,8 @@ class CallableReconciler:
         self.name: str = name or str(getattr(fn, "__name__", "callable"))
 
     async def check(self, effect: EffectView) -> Answer:
+        """Call the function (awaiting it if it returns an awaitable); anything it returns other than
+        Found, Absent or Unknown becomes Unknown. Its exceptions propagate to the caller."""
         result = self._fn(effect)
         if inspect.isawaitable(result):
             result = await result
@@ -116,6 +121,7 @@ class Backoff:
     max_tries: int = 5
 
     def delay_ms(self, tries: int) -> int:
+        """Milliseconds to wait before asking again after ``tries`` asks, capped at ``max_s``."""
         try:
             delay = self.first_s * self.factor ** max(0, tries - 1)
         except OverflowError:
@@ -173,6 +179,9 @@ def view_of_uncertain(u: UncertainEffect) -> EffectView:
 
 
 def retention_passed(effect: Effect | EffectView, target: Target, now_ms: int) -> bool:
+    """Whether the destination may have forgotten the key at ``now_ms`` (epoch ms): more than the
+    target's ``retention_s`` since the key was first used. Never with no retention (None) or no
+    known target."""
     if isinstance(effect, Effect):
         effect = view(effect)
     if target.retention_s is None or not effect.target:

@@ -105,6 +105,8 @@ _INSERT_EVENT = "INSERT OR IGNORE INTO events (event_id, effect_id, kind, at_ms,
 
 
 class ClaimOp(StrEnum):
+    """What a write does to the key's claim, the lease that lets one worker run the call."""
+
     KEEP = "keep"  # leave the claim as it is
     TAKE = "take"  # claim the key for this worker (with the intent)
     RELEASE = "release"  # drop the claim (the attempt has an outcome)
@@ -112,6 +114,9 @@ class ClaimOp(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Claim:
+    """Who holds a key's claim (a worker name) and until when (epoch ms); None and None: nobody.
+    A claim past ``until_ms`` can be taken over."""
+
     owner: str | None
     until_ms: int | None
 
@@ -132,6 +137,8 @@ class Appended(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Loaded:
+    """What ``load`` read: the effect (None: no event for the key yet) and its claim."""
+
     effect: Effect | None
     claim: Claim
 
@@ -315,6 +322,7 @@ class Store:
 
     @property
     def closed(self) -> bool:
+        """True once ``close`` has begun; reads and writes after it raise ``LedgerClosed``."""
         return self._closed
 
     # -- reads (the reader connection, on the loop's thread) ---------------------------------

@@ -160,6 +160,7 @@ class SyncLedger:
 
     @property
     def worker(self) -> str:
+        """This ledger's identity as a claim owner, written into its intents' ``worker`` field."""
         return self._ledger.worker
 
     @property
@@ -168,6 +169,7 @@ class SyncLedger:
         return self._ledger.targets
 
     def now_ms(self) -> int:
+        """The ledger's clock, in epoch milliseconds."""
         return self._ledger.now_ms()
 
     def execute(
