@@ -20,6 +20,7 @@ NAMES = (
     "Resolution",
     "Decision",
     "Timeout",
+    "Claimed",
     "EffectState",
     "UncertainEffect",
     "DeadLetter",

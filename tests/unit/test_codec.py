@@ -71,6 +71,7 @@ SAMPLES: list[Any] = [
     m.DeadLetter(1_700_000_000_600, "processor", "effects.events", 3, 12_345, "cannot decode: ✗",
                  b"refund:order-42", b"\xc3\x01\x00\xff"),
     m.DeadLetter(1_700_000_000_601, "processor", "effects.events", 0, 0, "null record"),
+    m.Claimed("claim:1:refund:order-42", "refund:order-42", 1_700_000_000_000, 1, "ev-1", "worker-1@höst"),
 ]
 
 
