@@ -48,8 +48,8 @@ from typing import NamedTuple
 
 from effect_ledger.streams.model import (
     INEXACT_PREFIX,
-    Claimed,
     OPEN_STATES,
+    Claimed,
     Decision,
     DecisionKind,
     EffectState,

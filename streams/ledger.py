@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from effect_ledger.streams import crashpoints
+from effect_ledger.streams import claims, crashpoints
 from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
@@ -260,7 +260,15 @@ class Ledger:
         if lookup is not None:
             from effect_ledger.streams.lookup import ProcessorLookup
 
-            ledger._lookup = ProcessorLookup(lookup, token=lookup_token)
+            # With Kafka, a lookup names the offsets it waits for (claims.Watermarks): no broker
+            # round trip on the processor's side.
+            marks = claims.Watermarks(ledger._relay.cfg) if ledger._relay is not None else None
+            ledger._lookup = ProcessorLookup(
+                lookup,
+                token=lookup_token,
+                watermarks=marks.of if marks else None,
+                on_close=marks.close if marks else None,
+            )
         return ledger
 
     async def __aenter__(self) -> Ledger:
@@ -578,6 +586,13 @@ class Ledger:
                 )
                 await self._outcome(effect, attempt, Outcome.FAILED, reason, self._clock())
                 raise LedgerUnavailable(reason)
+            if self._lookup is not None:  # another host may have written this attempt too: ask who owns it
+                effect = await claims.settle(
+                    self._store, self._lookup, self._relay.offset_of(intent_seq), intent, effect,
+                    self._remote_events, self._clock,
+                )  # fmt: skip
+                if effect.state is State.CONFIRMED:
+                    return _confirmation(effect, called=False)
         crashpoints.reached(crashpoints.AFTER_INTENT)
         target = self.target(spec.target)
         started = self._clock()
