@@ -22,9 +22,16 @@ after every rebalance, skipped while the table recovers) and sends a Timeout com
 effects whose reconciler answered "unknown" are re-published to ``effects.uncertain`` when their
 backoff has passed, so a restarted reconciler loses no work.
 
+Claims: folding the first intent of an attempt (in the partition's order), the fold records a
+``Claimed`` verdict naming it, in the same table write (``effect.claim_verdict``); any later intent
+of that attempt is a lost claim. The verdict is never sent to a topic (nor accepted from one):
+lookups hand it to agents, and a fold of the same partition from scratch records the same.
+
 Lookup: ``GET /effects/{key}`` is routed to the worker that owns the key's partition and answers
-only once the table has consumed that partition (of both source topics) up to the high watermarks
-seen when the request arrived (read-your-writes); after ``lookup_bound_s`` it answers 503
+only once the table has consumed that partition (of both source topics) up to the offsets the
+request names (``partition``, ``offset``, ``decisions_offset``: an agent names its own intent's
+offset to learn the verdict on its claim, or the high watermarks it read), or else up to the high
+watermarks seen when the request arrived (read-your-writes); after ``lookup_bound_s`` it answers 503
 "lagging". It hands out only events (an SDK copies them into its own ledger), and every answer
 names the ``effect_id`` it is about. The view listens on ``web_host`` only; bound beyond loopback it
 needs a token (``web_token``), and with a token every lookup must carry it

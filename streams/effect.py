@@ -298,7 +298,9 @@ def to_state(effect: Effect) -> EffectState:
         step=i.step if i else "",
         request_digest=i.request_digest if i else "",
         attempt=effect.attempt,
-        version=effect.version,
+        # The facts agents, reconcilers and people wrote: the processor's own claim verdicts are not
+        # counted, so an agent's file that never asked the processor publishes the same version.
+        version=effect.version - sum(1 for f in effect.facts if isinstance(f, Claimed)),
         created_ms=effect.created_ms,
         updated_ms=effect.updated_ms,
         deadline_ms=effect.deadline_ms,

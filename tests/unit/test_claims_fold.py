@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from effect_ledger.streams.effect import apply, claim_of, claim_verdict, fold
+from effect_ledger.streams.effect import apply, claim_of, claim_verdict, fold, to_state
 from effect_ledger.streams.model import Claimed, Executed, Flag, Intent, Outcome, Receipt, ReceiptSource, State
 
 KEY = "payments:refund.create:run:step"
@@ -86,3 +86,11 @@ def test_a_verdict_on_an_earlier_attempt_does_not_touch_a_later_one() -> None:
     e = fold([X, Y, v, failed, z])
     assert e is not None and e.state is State.PENDING and e.attempt == 2 and e.intent == z
     assert e.first_intent == X
+
+
+def test_the_published_version_counts_the_facts_others_wrote_not_the_verdicts() -> None:
+    v = verdict_for(X, Y)
+    with_verdict, without = fold([X, Y, v]), fold([X, Y])
+    assert with_verdict is not None and without is not None
+    assert with_verdict.version == 3  # the file's own optimistic concurrency counts every fact
+    assert to_state(with_verdict).version == to_state(without).version == 2
