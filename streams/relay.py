@@ -168,6 +168,9 @@ class Relay:
         await self._init_watermark()
         backoff = 0.1
         while not self._stop.is_set():
+            # Cleared before looking for rows, never after: a row appended while send_all looks
+            # sets it again, instead of waiting for the next 0.5 s poll (a sync caller's intent).
+            self._wake.clear()
             try:
                 n = await self.send_all()
                 backoff = 0.1
@@ -178,7 +181,6 @@ class Relay:
                 backoff = min(5.0, backoff * 2)
                 continue
             if n == 0:
-                self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), 0.5)
                 except TimeoutError:
