@@ -224,7 +224,12 @@ class Ledger:
         the broker to acknowledge the intent before the destination is called (at most
         ``sync_timeout`` s; then the effect is FAILED without a call). ``lookup`` is the ledger
         processor's URL: a key this file does not know, or knows only as open, is looked up there
-        first, so an agent restarted on another host sees what its predecessor did.
+        first, so an agent restarted on another host sees what its predecessor did. With ``kafka``,
+        ``sync=True`` and ``lookup``, agents on several hosts may race for a key: after Kafka
+        acknowledged the intent, the destination is called only once the processor has answered,
+        for that intent's offset, that it is the first intent of its attempt in the key's partition
+        (``effect_ledger.streams.claims``); otherwise ``EffectInProgress``, or the winner's receipt
+        once there is one.
         ``lookup_token`` is the processor's lookup token (``effects worker --web-token``), by default
         ``$EFFECTS_WEB_TOKEN``. Kafka mode needs the ``[kafka]`` extra (confluent-kafka): without
         it, ``MissingExtra`` is raised before the file is opened.
