@@ -7,7 +7,8 @@ lookup=...)``, executing fresh keys one after another with a call that does noth
 * claim round trip: from the moment the ledger starts waiting for Kafka to acknowledge its intent
   until ``claims.settle`` has the verdict (the intent's produce, the processor's fold of its offset,
   the HTTP answer, the copy into the file). At idle, and under a background load of complete
-  effects written by a bare producer (``BACKGROUND_EFFECTS_PER_S``, 3 events each).
+  effects written by a bare producer (``BACKGROUND_EFFECTS_PER_S``, 3 events each; env
+  ``EFFECTS_BENCH_CLAIMS_LOAD``).
 * lookup at idle: ``ProcessorLookup.events(key)`` of a known key (the agent reads the partition's
   high watermarks, the processor answers once folded through them).
 
@@ -19,6 +20,7 @@ receives it): what any answer that has to pass through Kafka costs at least.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -37,7 +39,8 @@ from tests.bench.detection import Background
 from tests.bench.processor import start_processor
 
 TARGET_P99_MS = 100.0
-BACKGROUND_EFFECTS_PER_S = 50  # 150 events/s: well within one worker's fold rate, even on a busy machine
+# 150 events/s by default: well within one worker's fold rate, even on a busy machine.
+BACKGROUND_EFFECTS_PER_S = int(os.environ.get("EFFECTS_BENCH_CLAIMS_LOAD", "50"))
 MAX_LAGGING = 5  # a phase stops after this many answers refused as lagging (each waits the 5 s bound)
 
 
