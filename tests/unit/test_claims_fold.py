@@ -7,7 +7,17 @@ from __future__ import annotations
 import itertools
 
 from effect_ledger.streams.effect import apply, claim_of, claim_verdict, fold, to_state
-from effect_ledger.streams.model import Claimed, Executed, Flag, Intent, Outcome, Receipt, ReceiptSource, State
+from effect_ledger.streams.model import (
+    Claimed,
+    Executed,
+    Flag,
+    Intent,
+    Outcome,
+    Receipt,
+    ReceiptSource,
+    State,
+    misplaced,
+)
 
 KEY = "payments:refund.create:run:step"
 
@@ -94,3 +104,9 @@ def test_the_published_version_counts_the_facts_others_wrote_not_the_verdicts() 
     assert with_verdict is not None and without is not None
     assert with_verdict.version == 3  # the file's own optimistic concurrency counts every fact
     assert to_state(with_verdict).version == to_state(without).version == 2
+
+
+def test_only_the_processor_gives_verdicts_a_claimed_record_on_a_topic_is_refused() -> None:
+    v = verdict_for(X, Y)
+    assert "only the processor" in str(misplaced(v, decisions_topic=False))
+    assert misplaced(v, decisions_topic=True) is not None
