@@ -46,18 +46,26 @@ class Watermarks:
     def __init__(self, cfg: KafkaConfig) -> None:
         self.cfg = cfg
         self._consumer: Any = None
+        self._partitions: int | None = None  # of effects.events, as the broker says (not the config)
         self._lock = threading.Lock()
 
-    def _ask(self, partition: int) -> FoldedThrough:
+    def _ask(self, key: str) -> FoldedThrough:
         from confluent_kafka import Consumer, TopicPartition
 
+        topics = self.cfg.topics
         with self._lock:
             if self._consumer is None:
                 self._consumer = Consumer(
                     self.cfg.confluent(**{"group.id": "effect-ledger-watermarks", "enable.auto.commit": False})
                 )
             c = self._consumer
-        topics = self.cfg.topics
+            if self._partitions is None:
+                # The relay's producer partitions by the topic's real partition count: so must this.
+                meta = c.list_topics(topics.events, timeout=_WATERMARK_TIMEOUT_S).topics.get(topics.events)
+                if meta is None or meta.error is not None or not meta.partitions:
+                    raise RuntimeError(f"topic {topics.events} is unknown to the broker")
+                self._partitions = len(meta.partitions)
+            partition = partition_for(key.encode(), self._partitions)
         marks = []
         for topic in (topics.events, topics.decisions):
             _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), _WATERMARK_TIMEOUT_S, False)
@@ -67,9 +75,8 @@ class Watermarks:
     async def of(self, key: str) -> FoldedThrough:
         """What Kafka holds of ``key``'s partition now (the offsets of the newest records); raises
         ``LedgerUnavailable`` when the broker does not answer."""
-        partition = partition_for(key.encode(), self.cfg.partitions)
         try:
-            return await asyncio.to_thread(self._ask, partition)
+            return await asyncio.to_thread(self._ask, key)
         except Exception as e:  # a KafkaException: the broker is away, or the topic unknown
             raise LedgerUnavailable(f"cannot read the high watermarks of {key}'s partition: {e}") from e
 
