@@ -22,9 +22,16 @@ after every rebalance, skipped while the table recovers) and sends a Timeout com
 effects whose reconciler answered "unknown" are re-published to ``effects.uncertain`` when their
 backoff has passed, so a restarted reconciler loses no work.
 
+Claims: folding the first intent of an attempt (in the partition's order), the fold records a
+``Claimed`` verdict naming it, in the same table write (``effect.claim_verdict``); any later intent
+of that attempt is a lost claim. The verdict is never sent to a topic (nor accepted from one):
+lookups hand it to agents, and a fold of the same partition from scratch records the same.
+
 Lookup: ``GET /effects/{key}`` is routed to the worker that owns the key's partition and answers
-only once the table has consumed that partition (of both source topics) up to the high watermarks
-seen when the request arrived (read-your-writes); after ``lookup_bound_s`` it answers 503
+only once the table has consumed that partition (of both source topics) up to the offsets the
+request names (``partition``, ``offset``, ``decisions_offset``: an agent names its own intent's
+offset to learn the verdict on its claim, or the high watermarks it read), or else up to the high
+watermarks seen when the request arrived (read-your-writes); after ``lookup_bound_s`` it answers 503
 "lagging". It hands out only events (an SDK copies them into its own ledger), and every answer
 names the ``effect_id`` it is about. The view listens on ``web_host`` only; bound beyond loopback it
 needs a token (``web_token``), and with a token every lookup must carry it
@@ -54,10 +61,10 @@ from effect_ledger.processors import retirement
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
-from effect_ledger.streams.effect import Effect, apply, expire, to_state, uncertain_event
+from effect_ledger.streams.effect import Effect, apply, claim_verdict, expire, to_state, uncertain_event
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.keyurl import key_url
-from effect_ledger.streams.lookup import TOKEN_ENV
+from effect_ledger.streams.lookup import TOKEN_ENV, FoldedThrough, folded_through_asked
 from effect_ledger.streams.model import IN_FLIGHT_STATES, Executed, Retirement, State, Timeout, is_event, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
@@ -242,6 +249,7 @@ class LedgerProcessor:
         self._hw_samples: dict[int, tuple[list[int], list[int]]] = {}
         self._indexed_assignment: frozenset[int] | None = None
         self._cache: dict[str, tuple[bytes, Effect]] = {}
+        self._progress: asyncio.Event | None = None  # set (and replaced) when an event was folded
         self._register()
 
     # -- the fold --------------------------------------------------------------------------
@@ -277,11 +285,14 @@ class LedgerProcessor:
                 if not processor.ready:
                     return self.json({"lagging": True, "reason": "the processor is starting"}, status=503)
                 p = partition_for(key.encode(), processor.s.kafka.partitions)
+                asked = folded_through_asked(request.query, p)
+                if isinstance(asked, str):
+                    return self.json({"effect_id": key, "error": asked}, status=400)
                 if p in processor._assigned():
-                    return await processor.lookup(self, key)
+                    return await processor.lookup(self, key, asked)
                 if request.query.get("owner-only"):
                     return self.json({"not_owner": True, "partition": p}, status=421)
-                return await processor.forward(self, key, p)
+                return await processor.forward(self, key, p, asked)
 
         @app.page("/health")
         class Health(View):
@@ -345,6 +356,10 @@ class LedgerProcessor:
         msg = event.message
         from_decisions = msg.topic == self.decisions.get_topic_name()
         (self.processed_decisions if from_decisions else self.processed)[msg.partition] = msg.offset
+        if self._progress is not None:
+            # Lookups waiting for this offset run at this handler's first await, after the table write.
+            self._progress.set()
+            self._progress = None
         try:
             ev = self.codec.decode(event.value)
         except codec_mod.DecodeError as e:
@@ -377,6 +392,12 @@ class LedgerProcessor:
                 return
             before = self._load(key, previous)
             after, emitted = apply(before, ev)
+            # The first intent of an attempt in the partition's order owns it: record that verdict
+            # now, as a fact in the same table write (a later intent of the attempt gets none).
+            verdict = claim_verdict(after, ev) if after is not before else None
+            if verdict is not None:
+                after, more = apply(after, verdict)
+                emitted += more
         except Exception as e:  # a record that cannot be applied must not stop the partition
             await self.dead_letter(msg, f"cannot apply: {type(e).__name__}: {e}")
             return
@@ -398,6 +419,8 @@ class LedgerProcessor:
             self._observe(before, after, ev)
         due = due_of(after, self.s.targets, self.s.first_check_ms)
         value = append_packed(previous, bytes(event.value), due)
+        if verdict is not None:
+            value = append_packed(value, self.codec.encode(verdict), due)
         self.table[key] = value
         self._cache[key] = (value, after)
         if len(self._cache) > 10_000:
@@ -580,7 +603,7 @@ class LedgerProcessor:
 
     # -- lookup ----------------------------------------------------------------------------
 
-    async def forward(self, view: View, key: str, partition: int) -> Response:
+    async def forward(self, view: View, key: str, partition: int, asked: FoldedThrough | None = None) -> Response:
         """Ask the other workers for a key this one does not own. The owner is found by asking:
         it is whoever owns the key's partition of effects.events (faust's own table routing goes
         by the changelog's assignment, which is not always the same worker)."""
@@ -594,6 +617,8 @@ class LedgerProcessor:
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
             for url in sorted(urls):
                 template = url.rstrip("/").replace("{", "{{").replace("}", "}}") + "/effects/{key}?owner-only=1"
+                if asked is not None:
+                    template += asked.query()
                 try:
                     async with session.get(key_url(template, key), allow_redirects=False) as r:
                         if r.status == 421:
@@ -605,12 +630,19 @@ class LedgerProcessor:
             {"lagging": True, "partition": partition, "reason": "no worker owns the partition right now"}, status=503
         )
 
-    async def lookup(self, view: View, key: str) -> Response:
+    async def lookup(self, view: View, key: str, asked: FoldedThrough | None = None) -> Response:
+        """Answer once the key's partition is folded through the offsets the agent asked for (the
+        offset of its own intent: a claim answer), or else through the high watermarks now."""
         p = partition_for(key.encode(), self.s.kafka.partitions)
         tp = TP(self.events.get_topic_name(), p)
         dtp = TP(self.decisions.get_topic_name(), p)  # a decision acknowledged before the request counts too
-        hws = await self.app.consumer.highwaters(tp, dtp)
-        hw, dhw = int(hws.get(tp) or 0), int(hws.get(dtp) or 0)
+        if asked is not None:
+            # The agent knows what it waits for: no broker round trip (which queues behind the
+            # consumer's fetch long-poll, ~1 s).
+            hw, dhw = asked.events + 1, asked.decisions + 1
+        else:
+            hws = await self.app.consumer.highwaters(tp, dtp)
+            hw, dhw = int(hws.get(tp) or 0), int(hws.get(dtp) or 0)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self.s.lookup_bound_s
         while self.folded_through(p) < hw - 1 or self.folded_through(p, dtp.topic) < dhw - 1:
@@ -625,7 +657,7 @@ class LedgerProcessor:
                     },
                     status=503,
                 )
-            await asyncio.sleep(0.01)
+            await self._folded_more(min(0.05, give_up - loop.time()))
         value = self.table.get(key)
         if value is None:
             return view.json({"effect_id": key, "known": False, "partition": p, "high_watermark": hw}, status=404)
@@ -645,6 +677,16 @@ class LedgerProcessor:
                 "events": [base64.b64encode(b).decode() for b in event_bodies(value, self.codec.decode)],
             }
         )
+
+
+    async def _folded_more(self, timeout: float) -> None:
+        """Wait until the fold has handled another event (or ``timeout`` s)."""
+        if self._progress is None:
+            self._progress = asyncio.Event()
+        try:
+            await asyncio.wait_for(self._progress.wait(), max(0.0, timeout))
+        except TimeoutError:
+            pass
 
 
 def faust_credentials(k: KafkaConfig) -> Any:

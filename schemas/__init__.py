@@ -22,6 +22,7 @@ NAMES = (
     "Resolution",
     "Decision",
     "Timeout",
+    "Claimed",
     "EffectState",
     "UncertainEffect",
     "DeadLetter",

@@ -9,6 +9,16 @@ from that set, never accumulated step by step, which is what makes the fold
 * honest about duplicates: a second successful execution, a second distinct receipt id, or a
   request digest that differs from the first intent's is *flagged*, never overwritten.
 
+Claims (Kafka mode): two agents may write an intent of the same attempt at the same moment. The
+processor folds a key's partition in its total order and, when it folds the first intent of an
+attempt, records a ``Claimed`` verdict naming it (``claim_verdict``). The verdict is a fact like
+any other, so the fold stays order-tolerant: it never looks at arrival order, only at the recorded
+verdict. An intent of a claimed attempt that the verdict does not name is a lost claim: flagged
+LOST_CLAIM, never the attempt's intent (its deadline, its request), and the outcomes its worker
+records for that attempt do not decide the state (its agent did not call; a successful call it
+reports anyway still counts as an execution, and is flagged as a duplicate). Without a verdict
+(embedded mode) every intent counts, as before.
+
 Time is an argument (``expire(effect, now_ms)``); nothing here reads a clock or does I/O.
 
 How the state is derived (first rule that matches wins)::
@@ -41,6 +51,7 @@ from effect_ledger.streams.model import (
     INEXACT_PREFIX,
     OPEN_STATES,
     UNSETTLED_STATES,
+    Claimed,
     Decision,
     DecisionKind,
     EffectState,
@@ -60,7 +71,7 @@ from effect_ledger.streams.model import (
     is_event,
 )
 
-_KIND_ORDER = {Intent: 0, Executed: 1, Receipt: 2, Timeout: 3, Resolution: 4, Decision: 5}
+_KIND_ORDER = {Intent: 0, Executed: 1, Receipt: 2, Timeout: 3, Resolution: 4, Decision: 5, Claimed: 6}
 
 #: How long after an attempt's call deadline a person may first declare it ABSENT
 #: (``decision_refusal``): room for the clocks of the agent's and the operator's hosts to differ.
@@ -200,6 +211,29 @@ def timeout_event_id(effect_id: str, attempt: int, phase: TimeoutPhase) -> str:
     return f"timeout:{phase.value.lower()}:{attempt}:{effect_id}"
 
 
+def claimed_event_id(effect_id: str, attempt: int) -> str:
+    """The id of the one claim verdict an attempt can have."""
+    return f"claim:{attempt}:{effect_id}"
+
+
+def claim_verdict(effect: Effect, event: Event) -> Claimed | None:
+    """The verdict to record when ``event`` was just folded into ``effect`` in its partition's order
+    (the processor's fold): an intent of an attempt with no verdict yet owns that attempt. None for
+    anything else, including any later intent of a claimed attempt: a verdict once given never
+    changes. Every field derives from the intent, so whoever folds the partition records the same."""
+    if not isinstance(event, Intent):
+        return None
+    event_id = claimed_event_id(event.effect_id, event.attempt)
+    if effect.has(event_id):
+        return None
+    return Claimed(event_id, event.effect_id, event.at_ms, event.attempt, event.event_id, event.worker)
+
+
+def claim_of(effect: Effect, attempt: int) -> Claimed | None:
+    """The recorded verdict on ``attempt`` (None: nobody has arbitrated it)."""
+    return next((f for f in effect.facts if isinstance(f, Claimed) and f.attempt == attempt), None)
+
+
 def uncertain_event(effect: Effect) -> UncertainEffect:
     """The reconcilers' work item. Its event id names the attempt and how often reconcilers were
     asked already, so a re-publication after a backoff is a new item and a repeat is not."""
@@ -288,7 +322,9 @@ def to_state(effect: Effect) -> EffectState:
         step=i.step if i else "",
         request_digest=i.request_digest if i else "",
         attempt=effect.attempt,
-        version=effect.version,
+        # The facts agents, reconcilers and people wrote: the processor's own claim verdicts are not
+        # counted, so an agent's file that never asked the processor publishes the same version.
+        version=effect.version - sum(1 for f in effect.facts if isinstance(f, Claimed)),
         created_ms=effect.created_ms,
         updated_ms=effect.updated_ms,
         deadline_ms=effect.deadline_ms,
@@ -315,6 +351,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
     # latest attempt's facts are the tail of the tuple.
     attempt = facts[-1].attempt
     intents: list[Intent] = []
+    claims: dict[int, Claimed] = {}
     evidence: list[Evidence] = []
     absent_decisions: list[Decision] = []
     ok_execs = 0
@@ -333,6 +370,8 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         elif isinstance(f, Executed):
             if f.outcome is Outcome.OK:
                 ok_execs += 1
+        elif isinstance(f, Claimed):
+            claims[f.attempt] = f
         else:
             ev = _evidence_of(f)
             if ev is not None:
@@ -340,7 +379,10 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
             elif isinstance(f, Decision) and f.decision is DecisionKind.ABSENT:
                 absent_decisions.append(f)
     latest = facts[first_latest:]
-    intent = next((f for f in reversed(intents) if f.attempt == attempt), intents[-1] if intents else None)
+    owned, lost = intents, False
+    if claims:
+        owned, latest, lost = _arbitrated(intents, latest, claims)
+    intent = next((f for f in reversed(owned) if f.attempt == attempt), owned[-1] if owned else None)
     if len(evidence) > 1:
         evidence.sort(key=lambda e: (e.at_ms, e.receipt_id))
     receipt_ids = tuple(sorted({e.receipt_id for e in evidence}))
@@ -354,6 +396,8 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         flags.append(Flag.CONFLICT)
     if not intents:
         flags.append(Flag.NO_INTENT)
+    if lost:
+        flags.append(Flag.LOST_CLAIM)
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
     deadlines: dict[int, int] = {}  # call deadline per attempt: only ABSENT decisions need it
@@ -375,7 +419,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         state=state,
         attempt=attempt,
         intent=intent,
-        first_intent=intents[0] if intents else None,
+        first_intent=owned[0] if owned else (intents[0] if intents else None),
         receipt=evidence[0] if evidence else None,
         receipt_ids=receipt_ids,
         executions=ok_execs,
@@ -385,6 +429,28 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         updated_ms=updated,
         reason=reason,
     )
+
+
+def _arbitrated(
+    intents: list[Intent], latest: tuple[Event, ...], claims: dict[int, Claimed]
+) -> tuple[list[Intent], tuple[Event, ...], bool]:
+    """Apply the recorded claim verdicts: (the intents that own their attempt or were not
+    arbitrated, the latest attempt's facts without the outcomes its lost claims' workers recorded,
+    whether any claim was lost)."""
+    owned: list[Intent] = []
+    losers: set[str] = set()  # workers of the latest attempt's lost claims
+    lost = False
+    for i in intents:
+        c = claims.get(i.attempt)
+        if c is None or c.intent_id == i.event_id:
+            owned.append(i)
+            continue
+        lost = True
+        if i.attempt == latest[0].attempt and i.worker != c.worker:
+            losers.add(i.worker)
+    if losers:
+        latest = tuple(f for f in latest if not (isinstance(f, Executed) and f.worker in losers))
+    return owned, latest, lost
 
 
 def _early_absent(f: Decision, deadlines: dict[int, int]) -> bool:

@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.streams import bodies, crashpoints, retire_store
+from effect_ledger.streams import bodies, claims, crashpoints, retire_store
 from effect_ledger.streams.effect import Effect, expire
 from effect_ledger.streams.erasure import Keyring
 from effect_ledger.streams.errors import (
@@ -63,7 +63,7 @@ from effect_ledger.streams.plan import (
 )
 from effect_ledger.streams.receipts import Confirmation, confirmation_of, new_event_id, receipt_of
 from effect_ledger.streams.reconcile import Answer, Target, ask, judge, target_for, target_name, view
-from effect_ledger.streams.remote import merge_remote
+from effect_ledger.streams.remote import merge_remote, remote_events
 from effect_ledger.streams.store import ClaimOp, Loaded, Store, VersionConflict
 from effect_ledger.streams.workers import LocalWorker, owner_alive
 
@@ -100,8 +100,10 @@ class Executor:
         # Who this ledger object is to claims, and the keys it is executing: another ledger of this
         # process treats its claims as live only while it is open and has the key in flight.
         self.local = LocalWorker()
-        # Claims confirmed across hosts before a call: the hook for Kafka mode's cross-host claims.
-        self.confirm_claims = False
+        # Claims confirmed across hosts before a call (streams/claims.py): agents on several hosts
+        # may race for a key only in Kafka mode, and only a processor's lookup can arbitrate; the
+        # verdict is asked for once the broker has acknowledged the intent (``sync``).
+        self.confirm_claims = relay is not None and lookup is not None and sync_timeout is not None
 
     @property
     def worker(self) -> str:
@@ -263,7 +265,9 @@ class Executor:
         )
         await self._wait_acked(effect, attempt, intent_seq)
         if step.confirm_claim:
-            await self._confirm_claim(effect, intent_seq)
+            effect = await self._confirm_claim(intent, effect, intent_seq)
+            if effect.state is State.CONFIRMED:  # another host's attempt won, and has its receipt
+                return confirmation_of(effect, called=False)
         crashpoints.reached(crashpoints.AFTER_INTENT)
         return await self._call(key, effect, attempt, spec, call)
 
@@ -284,12 +288,19 @@ class Executor:
         await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
         raise LedgerUnavailable(reason)
 
-    async def _confirm_claim(self, effect: Effect, intent_seq: int | None) -> None:
-        """Wait for the verdict on this intent's claim across hosts, before the destination is called.
-        Kafka mode's cross-host claims plug in here (the processor folds every host's intents and says
-        whose claim won); a lost claim must end the attempt without a call. Claims are decided by the
-        file alone today (``plan.Known.confirm_claims`` is False), so there is nothing to wait for."""
-        return None
+    async def _confirm_claim(self, intent: Intent, effect: Effect, intent_seq: int | None) -> Effect:
+        """Kafka mode with ``sync`` and a lookup, where agents on several hosts may race for a key:
+        wait for the processor's verdict on this intent (``claims.settle``: it has folded the key's
+        partition through the intent's offset and says which intent owns the attempt), before the
+        destination is called. Returns the effect when the claim is this intent's, or CONFIRMED
+        with the winner's receipt; raises ``EffectInProgress`` for a lost claim (released, no call)
+        and ``LedgerUnavailable`` when nobody answered (no call; the attempt is left to its deadline)."""
+        if self.lookup is None or self.relay is None or not intent_seq:
+            return effect
+        return await claims.settle(
+            self.store, self.lookup, self.relay.offset_of(intent_seq), intent, effect,
+            lambda key, answer: remote_events(self.store, key, answer), self.clock,
+        )  # fmt: skip
 
     async def _call(self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call) -> Confirmation:
         target = self.target(spec.target)

@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from effect_ledger.streams import bodies
+from effect_ledger.streams import bodies, claims
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
 from effect_ledger.streams.erasure import FileKeyring, Keyring
@@ -154,7 +154,12 @@ class Ledger:
         the broker to acknowledge the intent before the destination is called (at most
         ``sync_timeout`` s; then the effect is FAILED without a call). ``lookup`` is the ledger
         processor's URL: a key this file does not know, or knows only as open, is looked up there
-        first, so an agent restarted on another host sees what its predecessor did.
+        first, so an agent restarted on another host sees what its predecessor did. With ``kafka``,
+        ``sync=True`` and ``lookup``, agents on several hosts may race for a key: after Kafka
+        acknowledged the intent, the destination is called only once the processor has answered,
+        for that intent's offset, that it is the first intent of its attempt in the key's partition
+        (``effect_ledger.streams.claims``); otherwise ``EffectInProgress``, or the winner's receipt
+        once there is one.
         ``lookup_token`` is the processor's lookup token (``effects worker --web-token``), by default
         ``$EFFECTS_WEB_TOKEN``. Kafka mode needs the ``[kafka]`` extra (confluent-kafka): without
         it, ``MissingExtra`` is raised before the file is opened.
@@ -190,7 +195,15 @@ class Ledger:
         if lookup is not None:
             from effect_ledger.streams.lookup import ProcessorLookup
 
-            processor = ProcessorLookup(lookup, token=lookup_token)
+            # With Kafka, a lookup names the offsets it waits for (claims.Watermarks): no broker
+            # round trip on the processor's side.
+            marks = claims.Watermarks(relay.cfg) if relay is not None else None
+            processor = ProcessorLookup(
+                lookup,
+                token=lookup_token,
+                watermarks=marks.of if marks else None,
+                on_close=marks.close if marks else None,
+            )
         ledger = cls(
             store,
             targets=declared,

@@ -93,6 +93,7 @@ class Flag(StrEnum):
     NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
     DECISION_IGNORED = "DECISION_IGNORED"  # an ABSENT decision made while the attempt could still land
     INEXACT_RECEIPT = "INEXACT_RECEIPT"  # a receipt value recorded as a representation (see limits.py)
+    LOST_CLAIM = "LOST_CLAIM"  # an intent of an attempt another intent claimed first (never called)
 
 
 #: The reserved key of a receipt value the ledger could not record exactly (not JSON, or too
@@ -205,9 +206,24 @@ class Timeout:
     deadline_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """The processor's verdict on an attempt (Kafka mode): ``intent_id`` is the first intent of
+    ``attempt`` in the key's partition, and owns it. Any other intent of that attempt is a lost claim:
+    its agent must not call the destination. Written by the processor into its table only, once per
+    attempt (``claimed_event_id``), and handed to agents by lookups; never accepted from a topic."""
+
+    event_id: str
+    effect_id: str
+    at_ms: int
+    attempt: int
+    intent_id: str
+    worker: str
+
+
 #: Everything the fold accepts as a fact about an effect.
-Event = Intent | Executed | Receipt | Resolution | Decision | Timeout
-EVENT_TYPES: tuple[type, ...] = (Intent, Executed, Receipt, Resolution, Decision, Timeout)
+Event = Intent | Executed | Receipt | Resolution | Decision | Timeout | Claimed
+EVENT_TYPES: tuple[type, ...] = (Intent, Executed, Receipt, Resolution, Decision, Timeout, Claimed)
 
 
 def is_event(record: object) -> TypeGuard[Event]:
@@ -233,6 +249,8 @@ def misplaced(record: object, *, decisions_topic: bool) -> str | None:
         return f"{name} on the decisions topic: only Decision records belong there"
     if isinstance(record, Decision):
         return "Decision on the events topic: decisions are read from the decisions topic only (Kafka ACLs guard it)"
+    if isinstance(record, Claimed):
+        return "Claimed on the events topic: only the processor gives claim verdicts, in its own table"
     return f"{name} is not an event: only Intent, Executed, Receipt, Resolution and Timeout belong on the events topic"
 
 

@@ -34,6 +34,7 @@ per key can suffer once, on a topic whose limit is below the producer's; nothing
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -88,6 +89,7 @@ class RelayStats:
     dead_letters: int = 0  # rows Kafka refused for good, dead-lettered by this relay
 
 
+_MAX_OFFSETS = 10_000  # intents' offsets kept for claim waiters (they ask within a second)
 _BATCH_OVERHEAD = 1024  # what a record batch adds to its records, with room to spare (Kafka: 61 bytes + per record)
 
 
@@ -131,6 +133,9 @@ class Relay:
         self._acked = asyncio.Condition()
         self._headers: dict[str, list[tuple[str, str | bytes | None]]] = {}
         self._appended_through = 0  # the newest seq this relay saw appended (or found at start)
+        # seq -> (partition, offset) of the intents this relay delivered: an agent waits for the
+        # processor to have folded its own intent's offset (a claim). The newest _MAX_OFFSETS only.
+        self._offsets: dict[int, tuple[int, int]] = {}
         store.add_listener(self._appended)
         self.metrics = metrics  # a LedgerMetrics: the outbox depth is read at scrape time, free here
         if metrics is not None:
@@ -172,6 +177,9 @@ class Relay:
             log.warning("%s; retrying before the first send", e)
         backoff = 0.1
         while not self._stop.is_set():
+            # Cleared before looking for rows, never after: a row appended while send_all looks
+            # sets it again, instead of waiting for the next 0.5 s poll (a sync caller's intent).
+            self._wake.clear()
             try:
                 n = await self.send_all()
                 backoff = 0.1
@@ -182,7 +190,6 @@ class Relay:
                 backoff = min(5.0, backoff * 2)
                 continue
             if n == 0:
-                self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), 0.5)
                 except TimeoutError:
@@ -233,6 +240,9 @@ class Relay:
         return total
 
     async def _advance(self, through: int) -> None:
+        if len(self._offsets) > _MAX_OFFSETS:  # no delivery report runs now: the batch is done
+            for seq in list(itertools.islice(self._offsets, len(self._offsets) - _MAX_OFFSETS)):
+                del self._offsets[seq]
         async with self._acked:
             if through > self._acked_through:
                 self._acked_through = through
@@ -299,11 +309,15 @@ class Relay:
         by_broker: list[tuple[int, str]] = []
         first_error: str | None = None
 
-        def report_for(seq: int, size: int) -> Any:
-            def report(err: KafkaError | None, _msg: Any) -> None:
+        offsets = self._offsets
+
+        def report_for(seq: int, size: int, intent: bool) -> Any:
+            def report(err: KafkaError | None, msg: Any) -> None:
                 nonlocal first_error
                 if err is None:
                     acked.append(seq)
+                    if intent:
+                        offsets[seq] = (msg.partition(), msg.offset())
                 elif err.code() in PERMANENT:
                     by_broker.append((seq, _refusal(size, err)))
                 elif first_error is None:
@@ -324,7 +338,8 @@ class Relay:
             topic = decisions if kind == "Decision" else events
             while True:
                 try:
-                    p.produce(topic, body, effect_id, headers=header, on_delivery=report_for(seq, len(body)))
+                    report = report_for(seq, len(body), kind == "Intent")
+                    p.produce(topic, body, effect_id, headers=header, on_delivery=report)
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -384,6 +399,11 @@ class Relay:
                 raise RuntimeError("dead letters not acknowledged in time")
         if failed:
             raise RuntimeError(f"dead letters refused: {failed[0]}")
+
+    def offset_of(self, seq: int) -> tuple[int, int] | None:
+        """(partition, offset) on effects.events of the intent with ``seq``, once this relay has
+        delivered it (None: not an intent, not delivered by this relay, or long ago)."""
+        return self._offsets.get(seq)
 
     def refusal(self, seq: int) -> str | None:
         """Why Kafka refused the event with ``seq`` for good (it was dead-lettered), or None."""

@@ -19,6 +19,7 @@ from effect_ledger.streams.effect import Effect, apply, decision_refusal, fold
 from effect_ledger.streams.errors import DecisionRefused, StorageError
 from effect_ledger.streams.model import (
     UNSETTLED_STATES,
+    Claimed,
     Decision,
     DecisionKind,
     EffectState,
@@ -145,6 +146,8 @@ def describe(e: Event) -> tuple[str, str]:
         return f"receipt {e.receipt_id}", e.source.value.lower()
     if isinstance(e, Timeout):
         return f"{e.phase.value.lower()} deadline passed", "processor"
+    if isinstance(e, Claimed):
+        return f"attempt {e.attempt} claimed by intent {e.intent_id} ({e.worker}): later intents lost", "processor"
     if isinstance(e, Resolution):
         return (
             f"{e.verdict.value}{' ' + e.receipt_id if e.receipt_id else ''}: {e.reason} (try {e.tries})",

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
-from tests.bench import audit, detection, processor, relay, sdk, wal
+from tests.bench import audit, claims, detection, processor, relay, sdk, wal
 from tests.bench.common import CPU_COUNT, ROOT, BenchResult, Context, Skip, disk_info
 from tests.bench.report import print_table, write_json
 
@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, tuple[Callable[[Context], BenchResult], bool]] = {
     "detection_latency": (detection.run, True),
     "audit_replay": (audit.run, True),
     "memory": (processor.run_memory, True),
+    "claims": (claims.run, True),
 }
 
 

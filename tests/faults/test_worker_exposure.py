@@ -229,4 +229,4 @@ def test_processor_lookup_of_a_dot_key_reaches_that_key(default_worker: Processo
             await lookup.close()
 
     got = [default_codec().decode(b) for b in run(events())]
-    assert [e.event_id for e in got] == [ev.event_id]
+    assert [e.event_id for e in got] == [ev.event_id, f"claim:1:{key}"]  # the intent, and its claim verdict

@@ -137,7 +137,8 @@ def test_non_event_records_are_dead_lettered_and_the_key_folds_right(kafka_confi
             status, body = proc.lookup(key)
             assert status == 200 and body["state"] == "CONFIRMED", body
             decoded = [codec.decode(base64.b64decode(b)) for b in body["events"]]
-            assert len(decoded) == 3 and all(is_event(e) for e in decoded), decoded
+            # The agent's three events and the processor's verdict on the claim of attempt 1.
+            assert len(decoded) == 4 and all(is_event(e) for e in decoded), decoded
 
         # Another host, an empty file: it looks the keys up, returns the receipts without calling,
         # and its file holds only events.
@@ -147,7 +148,7 @@ def test_non_event_records_are_dead_lettered_and_the_key_folds_right(kafka_confi
         assert second["confirmations"] == {k: (first["confirmations"][k][0], False) for k in keys.values()}
         with sqlite3.connect(host2) as conn:
             kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM events")}
-        assert kinds <= {"Intent", "Executed", "Receipt"}, kinds
+        assert kinds <= {"Intent", "Executed", "Receipt", "Claimed"}, kinds
 
 
 def test_a_table_poisoned_before_the_fix_serves_and_folds_only_events() -> None:

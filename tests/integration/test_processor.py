@@ -26,6 +26,7 @@ from effect_ledger.streams.effect import Effect, fold, to_state
 from effect_ledger.streams.errors import DefiniteFailure, EffectUncertain
 from effect_ledger.streams.ledger import Ledger
 from effect_ledger.streams.model import (
+    Claimed,
     DeadLetter,
     EffectState,
     Executed,
@@ -179,7 +180,11 @@ def test_fold_publishes_state_and_uncertain_and_serves_lookups(kafka_config: Kaf
             assert body["state"] == expected[k].state.value
             assert body["version"] == expected[k].version and body["attempt"] == 1
             assert body["receipt_id"] == expected[k].receipt_id
-            assert {e.event_id for e in decode_events(body)} == event_ids[k]
+            events = decode_events(body)
+            # Every event the agent wrote, plus the processor's verdict on the claim of attempt 1.
+            assert {e.event_id for e in events if not isinstance(e, Claimed)} == event_ids[k]
+            intents = [e.event_id for e in events if isinstance(e, Intent)]
+            assert [(c.attempt, c.intent_id) for c in events if isinstance(c, Claimed)] == [(1, intents[0])]
         status, body = proc.lookup("payments:never-heard-of")
         assert status == 404, body
         assert body["known"] is False and body["effect_id"] == "payments:never-heard-of"

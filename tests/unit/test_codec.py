@@ -81,6 +81,7 @@ SAMPLES: list[Any] = [
                  b"refund:order-42", b"\xc3\x01\x00\xff"),
     m.DeadLetter(1_700_000_000_601, "processor", "effects.events", 0, 0, "null record"),
     m.Retirement("ev-11", "refund:order-42", 1_702_592_000_000, 7, 30 * 86_400_000, "os:oncall@host-ß"),
+    m.Claimed("claim:1:refund:order-42", "refund:order-42", 1_700_000_000_000, 1, "ev-1", "worker-1@höst"),
 ]
 
 

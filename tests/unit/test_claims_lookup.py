@@ -1,0 +1,43 @@
+"""The offsets a lookup names (``streams.lookup.FoldedThrough``) and how the processor reads them
+back from a request's query: a claim answer covers the agent's own intent, or the request is refused."""
+
+from __future__ import annotations
+
+from effect_ledger.streams.claims import owns
+from effect_ledger.streams.effect import apply, claim_verdict
+from effect_ledger.streams.lookup import FoldedThrough, folded_through_asked
+from effect_ledger.streams.model import Intent
+
+
+def test_the_query_a_lookup_sends_reads_back_as_what_it_asked() -> None:
+    asked = FoldedThrough(2, 41, 7)
+    assert folded_through_asked(asked.params(), 2) == asked
+    assert folded_through_asked(dict(p.split("=") for p in asked.query()[1:].split("&")), 2) == asked
+    assert folded_through_asked({"partition": "2", "offset": "41"}, 2) == FoldedThrough(2, 41, -1)
+
+
+def test_no_offset_means_wait_for_the_high_watermarks() -> None:
+    assert folded_through_asked({}, 0) is None
+    assert folded_through_asked({"owner-only": "1"}, 0) is None
+
+
+def test_offsets_that_do_not_cover_the_key_are_refused() -> None:
+    assert "partition 1, not 2" in str(folded_through_asked({"partition": "2", "offset": "5"}, 1))
+    assert "integers" in str(folded_through_asked({"partition": "1", "offset": "x"}, 1))
+    assert "integers" in str(folded_through_asked({"offset": "5"}, 1))  # no partition named
+    assert "between" in str(folded_through_asked({"partition": "1", "offset": "-2"}, 1))
+    assert "between" in str(folded_through_asked({"partition": "1", "offset": str(2**63)}, 1))
+
+
+def test_owns_reads_the_recorded_verdict() -> None:
+    def intent(event_id: str, worker: str) -> Intent:
+        return Intent(event_id, "k", 1, 1, "t", "op", "ns", "r", "s", "{}", "d" * 64, 10, worker)
+
+    x, y = intent("x", "a"), intent("y", "b")
+    e, _ = apply(None, x)
+    assert owns(e, x) is None  # nobody arbitrated yet
+    v = claim_verdict(e, x)
+    assert v is not None
+    e, _ = apply(e, v)
+    e, _ = apply(e, y)
+    assert owns(e, x) is True and owns(e, y) is False
