@@ -149,8 +149,11 @@ def topics_check(
                         "partitions": st.partitions,
                         "replication": st.replication,
                         "config": st.config,
-                        "expected": {"partitions": st.spec.partitions, "replication": st.spec.replication,
-                                     **st.spec.config},
+                        "expected": {
+                            "partitions": st.spec.partitions,
+                            "replication": st.spec.replication,
+                            **st.spec.config,
+                        },
                         "drifts": [str(d) for d in st.drifts],
                     }
                     for st in statuses
@@ -234,7 +237,6 @@ def run(
     metrics = _metrics(metrics_port, metrics_host, "effects run --metrics-port")
     from effect_ledger.processors.runner import Runner
     from effect_ledger.streams.ledger import Ledger
-
 
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
@@ -389,8 +391,9 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
     if dead:
         # Refused by Kafka for good (too large, invalid): kept in the file's dead_letters table.
-        click.echo(f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on "
-                   f"{cfg.topics.dlq})")
+        click.echo(
+            f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on {cfg.topics.dlq})"
+        )
 
 
 def _register_ops() -> None:
