@@ -9,6 +9,8 @@ from typing import BinaryIO
 
 import click
 
+from effect_ledger.processors.cli_shared import fail
+
 
 @click.command("assess")
 @click.argument("log", metavar="LOG")
@@ -20,10 +22,6 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
     """Assess a JSON-lines log of tool calls or HTTP requests (LOG, or - for stdin)."""
     from effect_ledger.processors.ops.assess import AssessError, assess, field_paths, read_lines
     from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
-
-    def fail(message: str) -> None:
-        click.echo(f"effects: {message}", err=True)
-        sys.exit(1)
 
     try:
         window_s = duration_ms(window) / 1000
