@@ -339,7 +339,7 @@ def _reader(decisions: bool | None, build: bool) -> Reader:
             except DecodeError:
                 return refused(value, p, off, key, in_window)
             if type(event) in allowed:
-                return Replayed(event, None, p, off, None, in_window)
+                return _replayed(Replayed, (event, None, p, off, None, in_window, None, None))
             return refused(value, p, off, key, in_window)
 
         return read
@@ -352,10 +352,15 @@ def _reader(decisions: bool | None, build: bool) -> Reader:
         except DecodeError:
             return refused(value, p, off, key, in_window)
         if model in allowed:
-            return Replayed(None, None, p, off, None, in_window, model, fields)
+            return _replayed(Replayed, (None, None, p, off, None, in_window, model, fields))
         return refused(value, p, off, key, in_window)
 
     return read_fields
+
+
+# ``Replayed(...)`` runs a Python-level __new__ (the named tuple's defaults); a replay of millions
+# builds them with the C-level tuple constructor, every field given.
+_replayed = tuple.__new__
 
 
 def replay_events(

@@ -48,23 +48,32 @@ class KeyedSpill:
         self._depth = _depth
         self._div = FANOUT**_depth  # which digits of the hash pick the bucket at this depth
         self._lists: list[list[Item]] = [[] for _ in range(FANOUT)]
-        self._counts = [0] * FANOUT
+        self._on_disk = [0] * FANOUT  # tuples of each bucket in its file
         self._buffered = 0
         self._dir: Path | None = None
         self._files: list[BinaryIO | None] = [None] * FANOUT
-        self.items = 0
-        self.spilled_items = 0  # written to disk (the count at this depth)
 
     @property
     def spilling(self) -> bool:
         return self._dir is not None
 
+    @property
+    def items(self) -> int:
+        return sum(self._on_disk) + sum(len(lst) for lst in self._lists)
+
+    @property
+    def spilled_items(self) -> int:
+        """Tuples written to disk (at this depth)."""
+        return sum(self._on_disk)
+
+    def _count(self, b: int) -> int:
+        return self._on_disk[b] + len(self._lists[b])
+
     def add(self, item: Item) -> None:
+        # The hot path of a replay: a few operations per tuple, no counters beyond the buffer's.
         b = (hash(item[0]) // self._div) % FANOUT
         lst = self._lists[b]
         lst.append(item)
-        self._counts[b] += 1
-        self.items += 1
         if self._dir is not None:
             if len(lst) >= CHUNK:
                 self._flush(b)
@@ -89,7 +98,7 @@ class KeyedSpill:
         blob = marshal.dumps(lst)
         f.write(_LEN.pack(len(blob)))
         f.write(blob)
-        self.spilled_items += len(lst)
+        self._on_disk[b] += len(lst)
         lst.clear()
 
     def _bucket(self, b: int) -> Iterator[list[Item]]:
@@ -113,9 +122,10 @@ class KeyedSpill:
         """Every key with all its tuples (in the order added), bucket by bucket; consumes the spill."""
         try:
             for b in range(FANOUT):
-                if not self._counts[b]:
+                n = self._count(b)
+                if not n:
                     continue
-                if self._counts[b] > self.memory_items and self._depth < MAX_DEPTH:
+                if n > self.memory_items and self._depth < MAX_DEPTH:
                     sub = KeyedSpill(self.memory_items, str(self._dir), _depth=self._depth + 1)
                     try:
                         for chunk in self._bucket(b):
