@@ -162,7 +162,7 @@ def topics_check(
             )
         )
     elif not drifts:
-        t = table(None, "topic", "partitions", "replication", *CHECKED_CONFIGS, "", ids=("topic",))
+        t = table(None, "topic", "partitions", "replication", *CHECKED_CONFIGS, "")
         for st in statuses:
             t.add_row(st.spec.name, str(st.partitions), str(st.replication),
                       *(st.config.get(k, "-") for k in CHECKED_CONFIGS), "ok")  # fmt: skip
@@ -183,7 +183,7 @@ def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | Non
     if as_json:
         click.echo(json.dumps(found))
         return
-    t = table(None, "topic", "partitions", ids=("topic",))
+    t = table(None, "topic", "partitions")
     for name, n in found.items():
         t.add_row(name, str(n))
     print_table(t)

@@ -21,7 +21,6 @@ def audit_report(report: Any, wide: bool = False) -> None:
         "ratio",
         "criterion",
         "result",
-        ids=("check",),
         right=("numerator", "denominator", "ratio"),
     )
     for c in report.checks:
@@ -32,7 +31,7 @@ def audit_report(report: Any, wide: bool = False) -> None:
         if c.detail:
             out.print(f"{c.name}: {c.detail}")
     cols = ("target", "effects", "keyed", "uncertain", "resolved", "duplicates", "stuck", "window p99 ms")
-    tt = table("per target", *cols, ids=("target",), right=cols[1:])
+    tt = table("per target", *cols, right=cols[1:])
     for r in report.targets:
         tt.add_row(
             r.target,
@@ -60,7 +59,7 @@ def audit_report(report: Any, wide: bool = False) -> None:
 def trace(t: Any, wide: bool = False) -> None:
     """``effects trace``: the timeline, the state and the windows."""
     e = t.effect
-    tt = table(f"effect {t.key}", "time (UTC)", "+s", "event", "source", "state after", ids=())
+    tt = table(f"effect {t.key}", "time (UTC)", "+s", "event", "source", "state after")
     t0 = t.lines[0].at_ms if t.lines else 0
     for ln in t.lines:
         tt.add_row(iso(ln.at_ms), f"{(ln.at_ms - t0) / 1000:.3f}", ln.event, ln.source, ln.state_after)

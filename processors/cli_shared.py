@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from effect_ledger.processors.cli_boundary import LedgerPath, broker_wait, fail, kafka_log_level
@@ -124,15 +125,12 @@ def ready(cfg: KafkaConfig, default_wait: float) -> KafkaConfig:
     return cfg
 
 
-def table(title: str | None, *columns: str, ids: tuple[str, ...] = ("effect",), right: tuple[str, ...] = ()) -> Table:
-    """A table whose ``ids`` columns are never cut (folded onto more lines when the terminal is
-    narrow); ``right`` columns are numbers."""
+def table(title: str | None, *columns: str, right: tuple[str, ...] = ()) -> Table:
+    """A table whose cells are never cut: on a narrow terminal they fold onto more lines (an id
+    folded is still the whole id; ``--wide`` prints it on one). ``right``: number columns."""
     t = Table(title=title, title_justify="left")
     for c in columns:
-        if c in ids:
-            t.add_column(c, overflow="fold", min_width=len(c))
-        else:
-            t.add_column(c, justify="right" if c in right else "left")
+        t.add_column(c, overflow="fold", justify="right" if c in right else "left")
     return t
 
 
@@ -140,6 +138,11 @@ def print_table(t: Table, wide: bool = False) -> None:
     """Print ``t``: one line per row with ``wide``, and to a file or a pipe (no terminal width to
     respect there, and a script reads rows, not folded lines)."""
     if wide or not out.is_terminal:
-        Console(highlight=False, width=max(out.width, t.__rich_measure__(out, out.options).maximum)).print(t)
+        need = Measurement.get(out, out.options.update_width(1 << 16), t).maximum
+        Console(
+            file=out.file, width=max(out.width, need), color_system=out.color_system,  # type: ignore[arg-type]
+            force_terminal=out.is_terminal,
+            highlight=False,
+        ).print(t)  # fmt: skip
     else:
         out.print(t)
