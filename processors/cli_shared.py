@@ -22,9 +22,11 @@ from effect_ledger.streams.config import KafkaConfig
 __all__ = [
     "err",
     "fail",
+    "json_lines_option",
     "json_option",
     "kafka_config",
     "kafka_options",
+    "min_isr_option",
     "out",
     "print_table",
     "ready",

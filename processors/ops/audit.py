@@ -33,7 +33,7 @@ into events (agents, webhook hosts, reconcilers and processors each stamp their 
 
 Memory is bounded whatever the window: the replay turns each event into a small tuple of what the
 checks need and groups the tuples by effect with ``effect_ledger.processors.ops.spill.KeyedSpill``:
-up to ``MEMORY_EVENTS`` of them in memory, beyond that in a temporary folder (about 60 bytes per
+up to ``MEMORY_EVENTS`` of them in memory, beyond that in a temporary folder (about 80 bytes per
 event on disk; ``spill_dir``, else TMPDIR), read back one bucket of effects at a time. What the
 report keeps is bounded too: the sent-but-unrecorded windows as a count per millisecond value, and
 at most ``MAX_REPORTED_KEYS`` duplicate and stuck keys (the counts are always whole).
