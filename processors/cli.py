@@ -22,6 +22,7 @@ from effect_ledger.processors.cli_boundary import (
     fail,
 )
 from effect_ledger.processors.cli_shared import (
+    bootstrap_option,
     kafka_config,
     min_isr_option,
     out,
@@ -84,7 +85,7 @@ def main(verbose: bool, broker_timeout: float | None) -> None:
     "--timeout", type=POSITIVE_SECONDS, default=2.0, show_default=True, help="the agent's call deadline, seconds"
 )
 @click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
-@click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="with --kafka [127.0.0.1:9092]")
+@bootstrap_option
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
     """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
     if kafka:

@@ -42,9 +42,9 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
 
 
 def _print(report: object, window: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from effect_ledger.processors.cli_shared import out, print_table
     from effect_ledger.processors.ops.assess import Report, ToolStats
 
     assert isinstance(report, Report)
@@ -61,10 +61,7 @@ def _print(report: object, window: str) -> None:
         row(s)
     table.add_section()
     row(report.total(), bold=True)
-    out = Console(highlight=False)
-    if not out.is_terminal:
-        out = Console(highlight=False, width=120)  # a file or a pipe: no 80-column wrapping
-    out.print(table)
+    print_table(table)  # a file or a pipe: one line per row, no 80-column wrapping
     bad = sum(report.bad.values())
     reasons = ", ".join(f"{why}: {n}" for why, n in report.bad.most_common())
     out.print(f"{report.lines} lines, {bad} bad{f' ({reasons})' if bad else ''}; duplicate window {window}")

@@ -20,6 +20,7 @@ from effect_ledger.processors.cli_boundary import LedgerPath, broker_wait, fail,
 from effect_ledger.streams.config import KafkaConfig
 
 __all__ = [
+    "bootstrap_option",
     "err",
     "fail",
     "json_lines_option",
@@ -67,6 +68,11 @@ _min_isr = click.option(
     default=None,
     help="min.insync.replicas of every topic [min(2, EFFECTS_REPLICATION)]",
 )
+
+
+def bootstrap_option(fn: Any) -> Any:
+    """``--bootstrap`` alone (``effects demo --kafka``)."""
+    return _bootstrap(fn)
 
 
 def kafka_options(fn: Any) -> Any:
