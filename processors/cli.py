@@ -8,11 +8,9 @@ import json
 import logging
 import os
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from effect_ledger.processors.cli_boundary import (
     PORT,
@@ -22,32 +20,22 @@ from effect_ledger.processors.cli_boundary import (
     LedgerPath,
     broker_wait,
     configure,
+    fail,
+)
+from effect_ledger.processors.cli_shared import (
+    bootstrap_option,
+    kafka_config,
+    min_isr_option,
+    out,
+    print_table,
+    ready,
+    table,
+    topic_options,
 )
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.extras import require
 
-console = Console(highlight=False)
-
-
-def _fail(message: str) -> NoReturn:
-    """One line on stderr and exit 1: no traceback for an error the user can fix."""
-    click.echo(f"effects: {message}", err=True)
-    sys.exit(1)
-
-
-kafka_options = [
-    click.option(
-        "--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="Kafka bootstrap servers [127.0.0.1:9092]"
-    ),
-    click.option("--prefix", envvar="EFFECTS_TOPIC_PREFIX", default=None, help="topic name prefix"),
-    click.option(
-        "--partitions",
-        envvar="EFFECTS_PARTITIONS",
-        type=click.IntRange(min=1),
-        default=None,
-        help="partitions per topic [6]",
-    ),
-]
+console = out  # the demos print through the commands' one console
 
 
 def metrics_options(fn: Any) -> Any:
@@ -68,25 +56,11 @@ def _metrics(port: int | None, host: str, feature: str) -> Any:
     before anything else starts: a missing extra or a port in use is one line and exit 1."""
     if port is None:
         return None
-    from effect_ledger.streams.errors import LedgerError
     from effect_ledger.streams.metrics import LedgerMetrics
 
-    try:
-        m = LedgerMetrics(feature=feature)
-        m.serve(port, host)
-    except LedgerError as e:
-        _fail(str(e))
+    m = LedgerMetrics(feature=feature)  # a LedgerError ends the command at the boundary
+    m.serve(port, host)
     return m
-
-
-def with_kafka(fn: Any) -> Any:
-    for opt in reversed(kafka_options):
-        fn = opt(fn)
-    return fn
-
-
-def _kafka(bootstrap: str | None, prefix: str | None, partitions: int | None) -> KafkaConfig:
-    return KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
 
 
 @click.group(cls=EffectsGroup, name="effects")
@@ -121,7 +95,7 @@ def main(verbose: bool, broker_timeout: float | None, schema_registry: str | Non
     "--timeout", type=POSITIVE_SECONDS, default=2.0, show_default=True, help="the agent's call deadline, seconds"
 )
 @click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
-@click.option("--bootstrap", envvar="KAFKA_BOOTSTRAP", default=None, help="with --kafka [127.0.0.1:9092]")
+@bootstrap_option
 def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
     """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
     if kafka:
@@ -140,45 +114,90 @@ def topics() -> None:
 
 
 @topics.command("create")
-@with_kafka
-def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
-    """Create the topics (idempotent); effects.state is compacted."""
-    from confluent_kafka import KafkaException
+@topic_options
+@min_isr_option
+def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | None, min_isr: int | None) -> None:
+    """Create the topics that are missing (idempotent): effects.state compacted, the event log kept
+    for ever, min.insync.replicas on every topic. A topic that exists with other settings is not
+    "ok": each difference is one line, and the exit status is 1."""
+    from effect_ledger.streams.admin import check_topics, ensure_topics
 
-    from effect_ledger.streams.admin import BrokerUnavailable, ensure_topics, wait_ready
+    cfg = ready(kafka_config(bootstrap, prefix, partitions, min_isr), 10)
+    created = ensure_topics(cfg, check_partitions=False)
+    drifted = False
+    for st in check_topics(cfg):
+        what = created.get(st.spec.name, "exists")
+        if st.drifts:
+            drifted = True
+            click.echo(f"{st.spec.name}\t{what}, DRIFTED: " + "; ".join(d.line() for d in st.drifts))
+        else:
+            click.echo(f"{st.spec.name}\t{what}")
+    if drifted:
+        fail("topics exist with settings effect-ledger does not expect (above; `effects topics check` lists them)")
 
-    cfg = _kafka(bootstrap, prefix, partitions)
-    try:
-        wait_ready(cfg, timeout=broker_wait(10))
-        result = ensure_topics(cfg)
-    except (BrokerUnavailable, KafkaException, ValueError) as e:
-        _fail(str(e))
-    for name, what in result.items():
-        click.echo(f"{name}\t{what}")
+
+@topics.command("check")
+@topic_options
+@min_isr_option
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+def topics_check(
+    bootstrap: str | None, prefix: str | None, partitions: int | None, min_isr: int | None, as_json: bool
+) -> None:
+    """Compare every topic's partitions, replication, cleanup policy, retention and
+    min.insync.replicas with what effect-ledger expects. Exit 0 with a table when all is right;
+    exit 1 with one line per difference on stderr otherwise."""
+    from effect_ledger.streams.admin import CHECKED_CONFIGS, check_topics
+
+    statuses = check_topics(ready(kafka_config(bootstrap, prefix, partitions, min_isr), 10))
+    drifts = [d for st in statuses for d in st.drifts]
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "topic": st.spec.name,
+                        "exists": st.exists,
+                        "partitions": st.partitions,
+                        "replication": st.replication,
+                        "config": st.config,
+                        "expected": {
+                            "partitions": st.spec.partitions,
+                            "replication": st.spec.replication,
+                            **st.spec.config,
+                        },
+                        "drifts": [str(d) for d in st.drifts],
+                    }
+                    for st in statuses
+                ],
+                indent=2,
+            )
+        )
+    elif not drifts:
+        t = table(None, "topic", "partitions", "replication", *CHECKED_CONFIGS, "")
+        for st in statuses:
+            t.add_row(st.spec.name, str(st.partitions), str(st.replication),
+                      *(st.config.get(k, "-") for k in CHECKED_CONFIGS), "ok")  # fmt: skip
+        print_table(t)
+    for d in drifts:
+        click.echo(f"effects: {d}", err=True)
+    sys.exit(1 if drifts else 0)
 
 
 @topics.command("list")
-@with_kafka
+@topic_options
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
 def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | None, as_json: bool) -> None:
     """List the cluster's topics with their partition counts."""
-    from confluent_kafka import KafkaException
+    from effect_ledger.streams.admin import list_topics
 
-    from effect_ledger.streams.admin import BrokerUnavailable, list_topics, wait_ready
-
-    cfg = _kafka(bootstrap, prefix, partitions)
-    try:
-        wait_ready(cfg, timeout=broker_wait(10))
-        found = list_topics(cfg)
-    except (BrokerUnavailable, KafkaException) as e:
-        _fail(str(e))
+    found = list_topics(ready(kafka_config(bootstrap, prefix, partitions), 10))
     if as_json:
         click.echo(json.dumps(found))
         return
-    table = Table("topic", "partitions")
+    t = table(None, "topic", "partitions")
     for name, n in found.items():
-        table.add_row(name, str(n))
-    console.print(table)
+        t.add_row(name, str(n))
+    print_table(t)
 
 
 def target_options(fn: Any) -> Any:
@@ -200,14 +219,14 @@ def _targets(spec: str | None) -> dict[str, Any]:
     from effect_ledger.streams.targets import load_targets
 
     if not spec:
-        _fail(
+        fail(
             "no targets declared: give --targets FILE or set EFFECTS_TARGETS (a TOML file saying how "
             'each destination is asked; lookup = "none" where nothing can ask it)'
         )
     try:
         return {t.name: t for t in load_targets(spec)}
     except TargetsError as e:
-        _fail(str(e))
+        fail(str(e))
 
 
 @main.command()
@@ -230,7 +249,6 @@ def run(
     from effect_ledger.processors.runner import Runner
     from effect_ledger.streams.ledger import Ledger
 
-
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
             runner = Runner(ledger, interval=interval, metrics=metrics)
@@ -240,18 +258,15 @@ def run(
             else:
                 await runner.run()
 
-    from effect_ledger.streams.errors import LedgerError
-
     try:
-        asyncio.run(go())
+        asyncio.run(go())  # a missing folder or a file that is not a ledger: one line at the boundary
     except KeyboardInterrupt:
         pass
-    except (LedgerError, OSError) as e:  # a missing folder, a file that is not a ledger
-        _fail(str(e))
 
 
 @main.command()
-@with_kafka
+@topic_options
+@min_isr_option
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False),
@@ -290,6 +305,7 @@ def worker(
     bootstrap: str | None,
     prefix: str | None,
     partitions: int | None,
+    min_isr: int | None,
     data_dir: str,
     store: str,
     web_host: str,
@@ -308,11 +324,10 @@ def worker(
 
     from effect_ledger.processors.processor import ProcessorSettings
     from effect_ledger.processors.worker import run_worker
-    from effect_ledger.streams.admin import BrokerUnavailable, ensure_topics, wait_ready
-    from effect_ledger.streams.errors import ConfigError
+    from effect_ledger.streams.admin import ensure_topics, require_topics
 
     targets = _targets(targets_spec) if targets_spec else {}  # a bad file: one line, before anything starts
-    cfg = _kafka(bootstrap, prefix, partitions)
+    cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions, min_insync_replicas=min_isr)
     settings = ProcessorSettings(
         kafka=cfg,
         targets=targets,
@@ -324,18 +339,17 @@ def worker(
         web_token=web_token or None,
         advertised_url=advertised_url,
     )
-    try:
-        settings.check_web()  # before anything is contacted or started
-        wait_ready(cfg, timeout=broker_wait(30))
-        ensure_topics(cfg)
-    except (BrokerUnavailable, ConfigError, ValueError) as e:
-        _fail(str(e))
+    settings.check_web()  # before anything is contacted or started
+    ready(cfg, 30)
+    ensure_topics(cfg)
+    # A drifted effects.state (not compacted, ...) or partition count: one line, nothing started.
+    require_topics(cfg)
     metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port")
     run_worker(settings, loglevel=loglevel, metrics=metrics)
 
 
 @main.command()
-@with_kafka
+@topic_options
 @target_options
 @click.option(
     "--group", default="effect-ledger-reconcilers", show_default=True, help="consumer group (after the prefix)"
@@ -356,13 +370,8 @@ def reconcile(
     import signal
 
     from effect_ledger.processors.reconcile_service import ReconcileService
-    from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 
-    cfg = _kafka(bootstrap, prefix, partitions)
-    try:
-        wait_ready(cfg, timeout=broker_wait(30))
-    except BrokerUnavailable as e:
-        _fail(str(e))
+    cfg = ready(KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions), 30)
     metrics = _metrics(metrics_port, metrics_host, "effects reconcile --metrics-port")
 
     async def go() -> None:
@@ -377,25 +386,21 @@ def reconcile(
 
 @main.command()
 @click.option("--db", required=True, type=LedgerPath(exists=True), help="the ledger file (outbox)")
-@with_kafka
+@topic_options
 def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
     """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
     from rich.progress import Progress
 
-    from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
     from effect_ledger.streams.relay import Relay
     from effect_ledger.streams.store import Store
 
-    cfg = _kafka(bootstrap, prefix, partitions)
+    cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
 
     async def go() -> tuple[int, int]:
         store = await Store.open(db)  # a file that is not a ledger is refused before a broker is asked
         try:
             pending = await store.outbox_depth()
-            try:
-                await asyncio.to_thread(wait_ready, cfg, broker_wait(30))
-            except BrokerUnavailable as e:
-                _fail(str(e))
+            await asyncio.to_thread(ready, cfg, 30)
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
                 relay = Relay(store, cfg)
@@ -408,8 +413,9 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
     if dead:
         # Refused by Kafka for good (too large, invalid): kept in the file's dead_letters table.
-        click.echo(f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on "
-                   f"{cfg.topics.dlq})")
+        click.echo(
+            f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on {cfg.topics.dlq})"
+        )
 
 
 def _register_ops() -> None:

@@ -9,6 +9,8 @@ from typing import BinaryIO
 
 import click
 
+from effect_ledger.processors.cli_shared import fail
+
 
 @click.command("assess")
 @click.argument("log", metavar="LOG")
@@ -20,10 +22,6 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
     """Assess a JSON-lines log of tool calls or HTTP requests (LOG, or - for stdin)."""
     from effect_ledger.processors.ops.assess import AssessError, assess, field_paths, read_lines
     from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
-
-    def fail(message: str) -> None:
-        click.echo(f"effects: {message}", err=True)
-        sys.exit(1)
 
     try:
         window_s = duration_ms(window) / 1000
@@ -44,9 +42,9 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
 
 
 def _print(report: object, window: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from effect_ledger.processors.cli_shared import out, print_table
     from effect_ledger.processors.ops.assess import Report, ToolStats
 
     assert isinstance(report, Report)
@@ -63,10 +61,7 @@ def _print(report: object, window: str) -> None:
         row(s)
     table.add_section()
     row(report.total(), bold=True)
-    out = Console(highlight=False)
-    if not out.is_terminal:
-        out = Console(highlight=False, width=120)  # a file or a pipe: no 80-column wrapping
-    out.print(table)
+    print_table(table)  # a file or a pipe: one line per row, no 80-column wrapping
     bad = sum(report.bad.values())
     reasons = ", ".join(f"{why}: {n}" for why, n in report.bad.most_common())
     out.print(f"{report.lines} lines, {bad} bad{f' ({reasons})' if bad else ''}; duplicate window {window}")

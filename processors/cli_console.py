@@ -6,7 +6,8 @@ from __future__ import annotations
 import click
 
 from effect_ledger.processors.cli_boundary import PORT, broker_wait
-from effect_ledger.processors.cli_ops import kafka_of, source_options, user_errors
+from effect_ledger.processors.cli_ops import kafka_of
+from effect_ledger.processors.cli_shared import source_options
 from effect_ledger.streams.errors import ConfigError
 
 TOKEN_ENV = "EFFECTS_CONSOLE_TOKEN"
@@ -40,17 +41,16 @@ def console_command(
     from effect_ledger.processors.console.source import Source
     from effect_ledger.streams.config import is_loopback
 
-    with user_errors():
-        creds = Credentials(token or None, load_users(basic_auth_file) if basic_auth_file else {})
-        beyond = not is_loopback(host)
-        if beyond and not creds.configured:
-            raise ConfigError(
-                f"the console would listen on {host}, beyond loopback, without credentials: set --token or "
-                f"{TOKEN_ENV}, or --basic-auth-file, or listen on 127.0.0.1"
-            )
-        source = Source(db=db) if db is not None else Source(cfg=kafka_of(bootstrap, prefix))
-        source.check(broker_wait(10))  # a bad file or a dead broker is one line now, not a page later
-        app = make_app(source, creds, guard_reads=beyond)
+    creds = Credentials(token or None, load_users(basic_auth_file) if basic_auth_file else {})
+    beyond = not is_loopback(host)
+    if beyond and not creds.configured:
+        raise ConfigError(
+            f"the console would listen on {host}, beyond loopback, without credentials: set --token or "
+            f"{TOKEN_ENV}, or --basic-auth-file, or listen on 127.0.0.1"
+        )
+    source = Source(db=db) if db is not None else Source(cfg=kafka_of(bootstrap, prefix))
+    source.check(broker_wait(10))  # a bad file or a dead broker is one line now, not a page later
+    app = make_app(source, creds, guard_reads=beyond)
     click.echo(f"effects console on http://{host}:{port}/ ({source.name}; "
                f"{'decisions need credentials' if creds.configured else 'read-only'})")
     web.run_app(app, host=host, port=port, print=None)

@@ -12,10 +12,7 @@ import sys
 
 import click
 
-
-def _fail(message: str) -> None:
-    click.echo(f"effects: {message}", err=True)
-    sys.exit(1)
+from effect_ledger.processors.cli_shared import fail
 
 
 @click.command("mcp-proxy", context_settings={"allow_interspersed_args": False})
@@ -56,7 +53,7 @@ def mcp_proxy(
     from effect_ledger.streams.targets import load_targets
 
     if bool(command) == bool(upstream):
-        _fail("give the server: a command after -- (stdio) or --upstream URL (streamable HTTP), not both")
+        fail("give the server: a command after -- (stdio) or --upstream URL (streamable HTTP), not both")
     flagged = [t for spec in writes for t in spec.split(",")]
     try:
         declared = load_targets(targets_spec)
@@ -65,7 +62,7 @@ def mcp_proxy(
             file, [t.name for t in declared], writes=flagged, target=target, lookups=lookups, run_id=run_id
         )
     except LedgerError as e:
-        _fail(str(e))
+        fail(str(e))
     if not policy.writes:
         click.echo("effects mcp-proxy: no write tools declared: every call passes through unrecorded", err=True)
 
@@ -94,6 +91,6 @@ def mcp_proxy(
     try:
         sys.exit(asyncio.run(go()))
     except LedgerError as e:
-        _fail(str(e))
+        fail(str(e))
     except OSError as e:
-        _fail(f"cannot start: {e}")
+        fail(f"cannot start: {e}")

@@ -1,5 +1,5 @@
-"""Topic administration: create the topics of effect-ledger idempotently, list them, and wait for a
-broker to answer.
+"""Topic administration: create the topics of effect-ledger idempotently, check that their settings
+are still the ones they need (``check_topics``), list them, and wait for a broker to answer.
 
 confluent-kafka (the ``[kafka]`` extra) is imported inside the functions that talk to the broker:
 the operator CLI imports this module for ``BrokerUnavailable`` in the base install too."""
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.errors import ConfigError, LedgerError
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -20,6 +21,38 @@ if TYPE_CHECKING:
 
 class BrokerUnavailable(RuntimeError):
     """No broker answered a metadata request in time."""
+
+
+class TopicDrift(LedgerError):
+    """A topic exists with settings other than the ones effect-ledger relies on (``check_topics``)."""
+
+    def __init__(self, drifts: list[Drift]) -> None:
+        super().__init__("; ".join(str(d) for d in drifts) + " (see `effects topics check`)")
+        self.drifts = drifts
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One setting of one topic that differs from what effect-ledger expects."""
+
+    topic: str
+    setting: str  # "missing", "partitions", "replication" or a topic config name
+    actual: str
+    expected: str
+
+    def line(self) -> str:
+        """The difference, without the topic's name."""
+        if self.setting == "missing":
+            return "does not exist"
+        return f"{self.setting} is {self.actual}, expected {self.expected}"
+
+    def __str__(self) -> str:
+        return f"{self.topic}: {self.line()}"
+
+
+# The topic configs a drift check compares: what decides whether a record is kept (and for how
+# long) and how many replicas acknowledge it. Other configs (segment sizes, ...) are the operator's.
+CHECKED_CONFIGS = ("cleanup.policy", "retention.ms", "min.insync.replicas")
 
 
 @dataclass(frozen=True)
@@ -43,12 +76,23 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
     """The topics of DESIGN.md with their configs. All share one partition count: the processor's
     table changelog must be co-partitioned with ``effects.events``."""
     t = cfg.topics
-    keep = {"retention.ms": "-1", "cleanup.policy": "delete"}  # the event log is the audit record
+    if not 1 <= cfg.min_insync <= cfg.replication:
+        raise ConfigError(
+            f"min.insync.replicas {cfg.min_insync} must be between 1 and the replication factor {cfg.replication}"
+        )
+    # Every topic: an acks=all write is acknowledged only once min.insync.replicas replicas have it.
+    isr = {"min.insync.replicas": str(cfg.min_insync)}
+    keep = {"retention.ms": "-1", "cleanup.policy": "delete", **isr}  # the event log is the audit record
     return [
         TopicSpec(t.events, cfg.partitions, cfg.replication, keep),
         # Compacted: the latest state per effect is what subscribers and the SQL sink need.
-        TopicSpec(t.state, cfg.partitions, cfg.replication, {"cleanup.policy": "compact"}),
-        TopicSpec(t.uncertain, cfg.partitions, cfg.replication, {"retention.ms": str(7 * 24 * 3600 * 1000)}),
+        TopicSpec(t.state, cfg.partitions, cfg.replication, {"cleanup.policy": "compact", **isr}),
+        TopicSpec(
+            t.uncertain,
+            cfg.partitions,
+            cfg.replication,
+            {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **isr},
+        ),
         TopicSpec(t.dlq, cfg.partitions, cfg.replication, keep),
         # Decisions are facts of the event log too (kept forever), on a topic of their own so that
         # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
@@ -90,10 +134,12 @@ def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
     )
 
 
-def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0) -> dict[str, str]:
+def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: bool = True) -> dict[str, str]:
     """Create every topic that does not exist yet. Returns ``{topic: 'created' | 'exists'}``.
-    An existing topic with a different partition count is an error, not silently accepted: the
-    processor's co-partitioning depends on it."""
+    An existing topic with a different partition count is an error (``ValueError``), not silently
+    accepted: the processor's co-partitioning depends on it (``check_partitions=False``: the caller
+    reports it with ``check_topics``). "exists" says nothing about the other settings: see
+    ``check_topics``."""
     from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import NewTopic
 
@@ -106,7 +152,7 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0) -> dict[str, str]:
         existing = md.topics.get(s.name)
         if existing is not None and existing.error is None:
             have = len(existing.partitions)
-            if have != s.partitions:
+            if have != s.partitions and check_partitions:
                 raise ValueError(f"topic {s.name} exists with {have} partitions, expected {s.partitions}")
             result[s.name] = "exists"
         else:
@@ -143,6 +189,70 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> N
         if time.monotonic() > deadline:
             raise BrokerUnavailable(f"topics {names} have no leaders after {timeout:.0f} s")
         time.sleep(0.05)
+
+
+@dataclass(frozen=True)
+class TopicStatus:
+    """One topic as the cluster has it, beside what effect-ledger expects of it."""
+
+    spec: TopicSpec
+    exists: bool
+    partitions: int
+    replication: int
+    config: dict[str, str]  # the CHECKED_CONFIGS the broker reports
+    drifts: tuple[Drift, ...]
+
+
+def check_topics(cfg: KafkaConfig, timeout: float = 30.0) -> list[TopicStatus]:
+    """Every topic of ``topic_specs`` compared with the cluster: partitions (exactly: the processor's
+    co-partitioning depends on them), replication (at least), and cleanup policy, retention and
+    ``min.insync.replicas`` (exactly, where the spec sets them; a config the broker leaves at its
+    default is compared with that default). Reads only."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin = admin_client(cfg)
+    specs = topic_specs(cfg)
+    md = admin.list_topics(timeout=timeout)
+    present = {s.name: md.topics[s.name] for s in specs if s.name in md.topics and md.topics[s.name].error is None}
+    configs: dict[str, dict[str, str]] = {}
+    if present:
+        resources = [ConfigResource(ResourceType.TOPIC, name) for name in present]
+        for res, fut in admin.describe_configs(resources, request_timeout=timeout).items():
+            entries = fut.result(timeout=timeout)
+            configs[res.name] = {k: str(entries[k].value) for k in CHECKED_CONFIGS if k in entries}
+    out = []
+    for s in specs:
+        t = present.get(s.name)
+        if t is None:
+            out.append(TopicStatus(s, False, 0, 0, {}, (Drift(s.name, "missing", "-", "-"),)))
+            continue
+        partitions = len(t.partitions)
+        replication = min((len(p.replicas) for p in t.partitions.values()), default=0)
+        have = configs.get(s.name, {})
+        drifts = []
+        if partitions != s.partitions:
+            drifts.append(Drift(s.name, "partitions", str(partitions), str(s.partitions)))
+        if replication < s.replication:
+            drifts.append(Drift(s.name, "replication", str(replication), f"at least {s.replication}"))
+        for k in CHECKED_CONFIGS:
+            if k in s.config and have.get(k) != s.config[k]:
+                drifts.append(Drift(s.name, k, have.get(k, "unknown"), s.config[k]))
+        out.append(TopicStatus(s, True, partitions, replication, have, tuple(drifts)))
+    return out
+
+
+def require_topics(cfg: KafkaConfig, timeout: float = 30.0) -> None:
+    """What the processor refuses to start on (``TopicDrift``): a drifted ``effects.state`` (not
+    compacted, a retention that deletes latest states, too few in-sync replicas) or a topic whose
+    partition count differs (co-partitioning)."""
+    drifts = [
+        d
+        for st in check_topics(cfg, timeout)
+        for d in st.drifts
+        if st.spec.name == cfg.topics.state or d.setting in ("missing", "partitions")
+    ]
+    if drifts:
+        raise TopicDrift(drifts)
 
 
 def list_topics(cfg: KafkaConfig, timeout: float = 10.0) -> dict[str, int]:

@@ -98,6 +98,7 @@ class _Reader:
     writer: Any
     reader: Any  # None when writer is the current schema
     build: Callable[[dict[str, Any]], Any]
+    model: type
 
 
 def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
@@ -141,6 +142,7 @@ class Codec:
         self._readers: dict[bytes, _Reader] = {}
         self._current: dict[str, Any] = {}
         self._builders: dict[str, Callable[[dict[str, Any]], Any]] = {}
+        self._models: dict[str, type] = {}
         for cls in model.RECORD_TYPES:
             raw = schemas.load(cls.__name__)
             parsed = cast(dict[str, Any], parse_schema(raw))
@@ -153,7 +155,8 @@ class Codec:
             self._writers[cls] = _Writer(cls.__name__, full, parsed, prefix, fields)
             self._current[full] = parsed
             self._builders[full] = _builder(cls)
-            self._readers[prefix[2:]] = _Reader(full, parsed, None, self._builders[full])
+            self._models[full] = cls
+            self._readers[prefix[2:]] = _Reader(full, parsed, None, self._builders[full], cls)
             self._known[prefix[2:]] = raw
         for raw in schemas.history():
             self.register_writer(raw)
@@ -167,7 +170,7 @@ class Codec:
             raise ValueError(f"{full} is not a record of this codec")
         fp = schema_fingerprint(raw)
         if fp not in self._readers:
-            self._readers[fp] = _Reader(full, parsed, self._current[full], self._builders[full])
+            self._readers[fp] = _Reader(full, parsed, self._current[full], self._builders[full], self._models[full])
             self._known[fp] = raw
         return fp
 
@@ -291,6 +294,20 @@ class Codec:
     def decode(self, data: bytes | bytearray | memoryview | None) -> Any:
         """The model object of one single-object-encoded record, resolved from its writer schema into
         the current one. Raises DecodeError (UnknownSchema for an unknown writer schema)."""
+        r, d = self._decode(data)
+        try:
+            return r.build(d)
+        except (ValueError, TypeError, KeyError) as e:
+            raise DecodeError(f"{r.full_name}: decoded fields do not fit the model: {e}") from e
+
+    def decode_fields(self, data: bytes | bytearray | memoryview | None) -> tuple[type, dict[str, Any]]:
+        """``decode`` without building the model object: its class and the fields as decoded (enum
+        symbols as str, arrays as lists). For readers of millions of records that need a few fields
+        of each (``effects audit``): building the object is about half of ``decode``'s cost."""
+        r, d = self._decode(data)
+        return r.model, d
+
+    def _decode(self, data: bytes | bytearray | memoryview | None) -> tuple[_Reader, dict[str, Any]]:
         if data is None:
             raise DecodeError("no value (null record)")
         data = bytes(data)
@@ -312,10 +329,7 @@ class Codec:
             raise DecodeError(f"cannot decode {r.full_name}: {type(e).__name__}: {e}") from e
         if buf.tell() != len(data):
             raise DecodeError(f"{r.full_name}: {len(data) - buf.tell()} trailing bytes after the record")
-        try:
-            return r.build(d)  # type: ignore[arg-type]
-        except (ValueError, TypeError, KeyError) as e:
-            raise DecodeError(f"{r.full_name}: decoded fields do not fit the model: {e}") from e
+        return r, d  # type: ignore[return-value]
 
 
 _default: Codec | None = None

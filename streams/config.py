@@ -10,6 +10,7 @@ Each setting can come from the environment:
 | ``EFFECTS_PARTITIONS``   | partitions of the topics this project creates        | 6                |
 | ``EFFECTS_REPLICATION``  | their replication factor                             | 1                |
 | ``EFFECTS_SCHEMA_REGISTRY`` | a Confluent-compatible Schema Registry URL: frame records the registry way | none |
+| ``EFFECTS_MIN_INSYNC_REPLICAS`` | their ``min.insync.replicas``                 | min(2, replication) |
 | ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
   ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CAFILE`` | security, passed to every Kafka client | none |
 """
@@ -81,6 +82,9 @@ class KafkaConfig:
     prefix: str = ""
     partitions: int = 6
     replication: int = 1
+    # min.insync.replicas of the topics this project creates; None: min(2, replication), so that an
+    # acks=all write is on two replicas before it is acknowledged wherever there are two.
+    min_insync_replicas: int | None = None
     security_protocol: str | None = None
     sasl_mechanism: str | None = None
     sasl_username: str | None = None
@@ -99,6 +103,11 @@ class KafkaConfig:
         """The topic names under this config's ``prefix``."""
         return Topics(self.prefix)
 
+    @property
+    def min_insync(self) -> int:
+        """The ``min.insync.replicas`` the topics are created with and checked against."""
+        return self.min_insync_replicas if self.min_insync_replicas is not None else min(2, self.replication)
+
     @classmethod
     def from_env(cls, **overrides: Any) -> KafkaConfig:
         """A config from the environment variables above; an override that is not None wins.
@@ -111,6 +120,9 @@ class KafkaConfig:
             "prefix": env.get("EFFECTS_TOPIC_PREFIX", ""),
             "partitions": int(env.get("EFFECTS_PARTITIONS", "6")),
             "replication": int(env.get("EFFECTS_REPLICATION", "1")),
+            "min_insync_replicas": int(env["EFFECTS_MIN_INSYNC_REPLICAS"])
+            if env.get("EFFECTS_MIN_INSYNC_REPLICAS")
+            else None,
             "security_protocol": env.get("KAFKA_SECURITY_PROTOCOL"),
             "sasl_mechanism": env.get("KAFKA_SASL_MECHANISM"),
             "sasl_username": env.get("KAFKA_SASL_USERNAME"),

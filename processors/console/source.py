@@ -105,10 +105,10 @@ class Source:
 
     def audit(self, q: Query, now_ms: int) -> AuditReport:
         if self.db is not None:
-            records = db_events(self.db, q.from_ms, q.to_ms)
+            records = db_events(self.db, q.from_ms, q.to_ms, build=False)
         else:
             assert self.cfg is not None
-            records = replay_events(self.cfg, q.from_ms, None, q.to_ms)
+            records = replay_events(self.cfg, q.from_ms, None, q.to_ms, build=False)
         return run_audit(records, q.from_ms, q.to_ms, now_ms, q.stuck_ms)
 
     def decide(self, key: str, kind: DecisionKind, by: str, reason: str, receipt_id: str | None) -> str:

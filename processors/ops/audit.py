@@ -31,7 +31,12 @@ into events (agents, webhook hosts, reconcilers and processors each stamp their 
   never reports fewer duplicates than ``effects trace`` shows for the records it read.
 * A record that does not decode fails ``undecodable_records``, its key listed: nothing vanishes.
 
-The replay streams: per effect it keeps a small accumulator, never the events.
+Memory is bounded whatever the window: the replay turns each event into a small tuple of what the
+checks need and groups the tuples by effect with ``effect_ledger.processors.ops.spill.KeyedSpill``:
+up to ``MEMORY_EVENTS`` of them in memory, beyond that in a temporary folder (about 80 bytes per
+event on disk; ``spill_dir``, else TMPDIR), read back one bucket of effects at a time. What the
+report keeps is bounded too: the sent-but-unrecorded windows as a count per millisecond value, and
+at most ``MAX_REPORTED_KEYS`` duplicate and stuck keys (the counts are always whole).
 """
 
 from __future__ import annotations
@@ -41,148 +46,204 @@ import gc
 import io
 import json
 import math
-from collections.abc import Iterable
+import sys
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
 from effect_ledger.processors.ops.sources import Replayed
+from effect_ledger.processors.ops.spill import KeyedSpill
 from effect_ledger.streams.model import (
     Decision,
-    DecisionKind,
+    Event,
     Executed,
     Intent,
-    Outcome,
     Receipt,
     Resolution,
     Timeout,
-    TimeoutPhase,
-    Verdict,
 )
 
 STUCK_MS = 10 * 60 * 1000
 WINDOW_P99_MS = 1000
 MAX_LISTED_KEYS = 100  # keys of undecodable records named in the report; the count is always whole
+MAX_REPORTED_KEYS = 1000  # duplicate and stuck keys listed in the report; the counts are always whole
+MEMORY_EVENTS = 250_000  # events grouped in memory before the audit spills to disk (about 100 MB)
+
+# An event as the audit keeps it: (effect id, kind, attempt, at_ms, hash of the event id, x, y).
+# Intent: x target, y deadline_ms << 2 | keyed << 1 | positioned in the window; Executed: x outcome,
+# y the sent-but-unrecorded ms; Receipt: x receipt id; Timeout: x the CALL phase; Resolution and
+# Decision: x the verdict or decision, y the receipt id.
+INTENT, EXECUTED, RECEIPT, TIMEOUT, RESOLUTION, DECISION = range(6)
+_OK, _FAILED, _UNKNOWN = 0, 1, 2
+_OUTCOME = {"OK": _OK, "FAILED": _FAILED, "UNKNOWN": _UNKNOWN}  # StrEnum members hash as their str
+_FOUND, _ABSENT, _ESCALATE, _OTHER = 0, 1, 2, 3
+_VERDICT = {"FOUND": _FOUND, "ABSENT": _ABSENT, "ESCALATE": _ESCALATE}
+Compact = tuple[str, int, int, int, int, object, object]
 
 
-class _Acc:
-    """What the audit needs to know about one effect. Every update is order-independent (sets,
-    minima, counters over distinct event ids), like the fold itself."""
+class _Attrs:
+    """An event read like a dict of its fields (``compact`` takes either)."""
 
-    __slots__ = (
-        "target",
-        "first_intent_ms",
-        "opened",
-        "seen",
-        "attempts",
-        "keyed",
-        "outcome",
-        "deadline",
-        "ok_execs",
-        "receipt_ids",
-        "uncertain",
-        "resolved",
-        "escalated",
-        "settled",
-        "windows",
-        "executed_at",
-        "timeouts",
+    __slots__ = ("e",)
+
+    def __init__(self, e: Event) -> None:
+        self.e = e
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self.e, name)
+
+
+def compact(model: type, d: Mapping[str, Any] | _Attrs, in_window: bool) -> Compact | None:
+    """What the checks need of one event (see ``Compact``), from its class and fields (as decoded:
+    enum symbols may be str or StrEnum, compared by value); None for a record that is no event."""
+    key = sys.intern(d["effect_id"])  # one string per effect, shared by its tuples (and on disk)
+    h = hash(d["event_id"])
+    if model is Intent:
+        return (
+            key, INTENT, d["attempt"], d["at_ms"], h, d["target"],
+            (d["deadline_ms"] << 2) | (bool(d["keyed"]) << 1) | in_window,
+        )  # fmt: skip
+    if model is Executed:
+        window = max(0, d["at_ms"] - d["call_ended_ms"])
+        return (key, EXECUTED, d["attempt"], d["at_ms"], h, _OUTCOME.get(d["outcome"], _UNKNOWN), window)
+    if model is Receipt:
+        return (key, RECEIPT, d["attempt"], d["at_ms"], h, d["receipt_id"], None)
+    if model is Timeout:
+        return (key, TIMEOUT, d["attempt"], d["at_ms"], h, d["phase"] == "CALL", None)
+    if model is Resolution:
+        return (key, RESOLUTION, d["attempt"], d["at_ms"], h, _VERDICT.get(d["verdict"], _OTHER), d["receipt_id"])
+    if model is Decision:
+        return (key, DECISION, d["attempt"], d["at_ms"], h, d["decision"] == "CONFIRMED", d["receipt_id"])
+    return None
+
+
+class _Effect(NamedTuple):
+    """What the checks take from one effect's events."""
+
+    opened: bool  # one of its intents lies in the window's part of the log
+    first_intent_ms: int | None  # None: no intent replayed (it began before the window)
+    target: str
+    duplicate: bool  # executed OK more than once, or two receipt ids
+    stuck: bool
+    uncertain: bool
+    resolved: bool
+    attempts: int
+    keyed: int
+    attempts_due: int  # attempts past their deadline at as_of_ms
+    outcomes: int  # of those, the ones with a recorded outcome
+    executed: bool  # executed OK
+    with_receipt: bool
+    windows: list[int]  # sent-but-unrecorded ms, one per execution
+
+
+def _summarize(events: list[Compact], as_of_ms: int, stuck_ms: int) -> _Effect:
+    """Fold one effect's compact events. Every update is order-independent (sets, minima, counters
+    over distinct event ids), like the fold itself. One function with local variables: it runs
+    once per effect of the window."""
+    if len(events) > 1 and len({c[4] for c in events}) < len(events):
+        seen: set[int] = set()
+        unique = []
+        for c in events:
+            if c[4] not in seen:  # a replayed duplicate (at-least-once delivery)
+                seen.add(c[4])
+                unique.append(c)
+        events = unique
+    target = ""
+    first: int | None = None
+    opened = uncertain = resolved = False
+    deadline: dict[int, int] = {}  # attempt -> its deadline (the attempts of its intents)
+    keyed: set[int] = set()
+    outcome: set[int] = set()
+    ok_execs = 0
+    receipts: set[str] = set()
+    settled: dict[int, int] = {}  # attempt -> when its outcome became final
+    executed_at: dict[int, int] = {}  # attempt -> its earliest recorded outcome
+    windows: list[int] = []
+    timeouts: list[tuple[int, object, int]] = []  # (attempt, CALL phase, at)
+    for _key, kind, a, at, _h, x, y in events:
+        if kind == INTENT:
+            target = x  # type: ignore[assignment]
+            deadline[a] = y >> 2  # type: ignore[operator]
+            if y & 2:  # type: ignore[operator]
+                keyed.add(a)
+            if y & 1:  # type: ignore[operator]
+                opened = True
+            if first is None or at < first:
+                first = at
+        elif kind == EXECUTED:
+            prev = executed_at.get(a)
+            if prev is None or at < prev:
+                executed_at[a] = at
+            windows.append(y)  # type: ignore[arg-type]
+            if x == _OK:
+                ok_execs += 1
+                outcome.add(a)
+            elif x == _FAILED:
+                outcome.add(a)
+                prev = settled.get(a)
+                if prev is None or at < prev:
+                    settled[a] = at
+            else:
+                uncertain = True
+        elif kind == RECEIPT:
+            receipts.add(x)  # type: ignore[arg-type]
+            prev = settled.get(a)
+            if prev is None or at < prev:
+                settled[a] = at
+        elif kind == TIMEOUT:
+            timeouts.append((a, x, at))
+        elif kind == RESOLUTION or kind == DECISION:
+            if kind == RESOLUTION:
+                if x == _ESCALATE or x == _OTHER:
+                    continue
+                if x == _FOUND and y:
+                    receipts.add(y)  # type: ignore[arg-type]
+            elif x and y:  # a person confirmed it, with a receipt id
+                receipts.add(y)  # type: ignore[arg-type]
+            resolved = True
+            outcome.add(a)
+            prev = settled.get(a)
+            if prev is None or at < prev:
+                settled[a] = at
+    # When it stopped being intermediate: a receipt settles it for good; otherwise its latest
+    # attempt must have settled.
+    if receipts:
+        settled_at = min(settled.values()) if settled else None
+    else:
+        settled_at = settled.get(max(deadline, default=0))
+    stuck = first is not None and ((settled_at if settled_at is not None else as_of_ms) - first) > stuck_ms
+    due = [a for a, d in deadline.items() if d <= as_of_ms]
+    return _Effect(
+        opened,
+        first,
+        target,
+        ok_execs > 1 or len(receipts) > 1,
+        stuck,
+        uncertain or _late(timeouts, settled, executed_at),
+        resolved,
+        len(deadline),
+        len(keyed),
+        len(due),
+        sum(1 for a in due if a in outcome),
+        ok_execs > 0,
+        bool(receipts),
+        windows,
     )
 
-    def __init__(self) -> None:
-        self.target = ""
-        self.first_intent_ms: int | None = None
-        self.opened = False  # one of its intents lies in the window's part of the log
-        self.seen: set[int] = set()
-        self.attempts: set[int] = set()
-        self.keyed: set[int] = set()
-        self.outcome: set[int] = set()
-        self.deadline: dict[int, int] = {}
-        self.ok_execs = 0
-        self.receipt_ids: set[str] = set()
-        self.uncertain = False
-        self.resolved = False
-        self.escalated = False
-        self.settled: dict[int, int] = {}  # attempt -> when its outcome became final
-        self.windows: list[int] = []
-        self.executed_at: dict[int, int] = {}  # attempt -> its earliest recorded outcome
-        self.timeouts: list[tuple[int, TimeoutPhase, int]] = []  # (attempt, phase, at)
 
-    def add(self, e: object) -> None:
-        h = hash(e.event_id)  # type: ignore[attr-defined]
-        if h in self.seen:
-            return  # a replayed duplicate (at-least-once delivery)
-        self.seen.add(h)
-        at: int = e.at_ms  # type: ignore[attr-defined]
-        a: int = e.attempt  # type: ignore[attr-defined]
-        if isinstance(e, Intent):
-            self.target = e.target
-            self.attempts.add(a)
-            if e.keyed:
-                self.keyed.add(a)
-            self.deadline[a] = e.deadline_ms
-            self.first_intent_ms = at if self.first_intent_ms is None else min(self.first_intent_ms, at)
-        elif isinstance(e, Executed):
-            prev_x = self.executed_at.get(a)
-            self.executed_at[a] = at if prev_x is None else min(prev_x, at)
-            self.windows.append(max(0, e.at_ms - e.call_ended_ms))
-            if e.outcome is Outcome.OK:
-                self.ok_execs += 1
-                self.outcome.add(a)
-            elif e.outcome is Outcome.FAILED:
-                self.outcome.add(a)
-                self._settle(a, at)
-            else:
-                self.uncertain = True
-        elif isinstance(e, Receipt):
-            self.receipt_ids.add(e.receipt_id)
-            self._settle(a, at)
-        elif isinstance(e, Timeout):
-            self.timeouts.append((a, e.phase, at))
-        elif isinstance(e, Resolution):
-            if e.verdict is Verdict.FOUND:
-                if e.receipt_id:
-                    self.receipt_ids.add(e.receipt_id)
-                self.resolved = True
-                self.outcome.add(a)
-                self._settle(a, at)
-            elif e.verdict is Verdict.ABSENT:
-                self.resolved = True
-                self.outcome.add(a)
-                self._settle(a, at)
-            elif e.verdict is Verdict.ESCALATE:
-                self.escalated = True
-        elif isinstance(e, Decision):
-            self.resolved = True
-            self.outcome.add(a)
-            if e.decision is DecisionKind.CONFIRMED and e.receipt_id:
-                self.receipt_ids.add(e.receipt_id)
-            self._settle(a, at)
-
-    def _settle(self, attempt: int, at: int) -> None:
-        prev = self.settled.get(attempt)
-        self.settled[attempt] = at if prev is None else min(prev, at)
-
-    def became_uncertain(self) -> bool:
-        """An unknown call outcome, or a deadline that passed before the attempt had its outcome
-        (a timeout written after the outcome changes nothing in the fold and is not counted)."""
-        if self.uncertain:
-            return True
-        for a, phase, at in self.timeouts:
-            settled = self.settled.get(a)
-            if settled is not None and settled <= at:
-                continue
-            executed = self.executed_at.get(a)
-            if phase is TimeoutPhase.CALL and executed is not None and executed <= at:
-                continue
-            return True
-        return False
-
-    def settled_at(self) -> int | None:
-        """When the effect stopped being intermediate: a receipt settles it for good; otherwise
-        its latest attempt must have settled."""
-        if self.receipt_ids:
-            return min(self.settled.values()) if self.settled else None
-        latest = max(self.attempts, default=0)
-        return self.settled.get(latest)
+def _late(timeouts: list[tuple[int, object, int]], settled: dict[int, int], executed_at: dict[int, int]) -> bool:
+    """A deadline that passed before the attempt had its outcome (a timeout written after the
+    outcome changes nothing in the fold and is not counted)."""
+    for a, call_phase, at in timeouts:
+        s = settled.get(a)
+        if s is not None and s <= at:
+            continue
+        executed = executed_at.get(a)
+        if call_phase and executed is not None and executed <= at:
+            continue
+        return True
+    return False
 
 
 @dataclass
@@ -268,95 +329,138 @@ def _listed(what: str, keys: list[str], total: int) -> str:
     return f"{what}{more}: {', '.join(keys)}"
 
 
-def _percentile(sorted_values: list[int], q: float) -> float | None:
-    if not sorted_values:
+def _percentile(counts: Counter[int], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of the values counted in ``counts`` (value -> how often)."""
+    n = sum(counts.values())
+    if not n:
         return None
-    i = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return float(sorted_values[i])
+    rank = min(n, max(1, math.ceil(q * n)))
+    seen = 0
+    for v in sorted(counts):
+        seen += counts[v]
+        if seen >= rank:
+            return float(v)
+    raise AssertionError("unreachable")
+
+
+class _Keys:
+    """The first ``MAX_REPORTED_KEYS`` keys in sorted order of any number added, in bounded memory."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def add(self, key: str) -> None:
+        self.keys.append(key)
+        if len(self.keys) >= 2 * MAX_REPORTED_KEYS:
+            self.keys.sort()
+            del self.keys[MAX_REPORTED_KEYS:]
+
+    def result(self) -> list[str]:
+        return sorted(self.keys)[:MAX_REPORTED_KEYS]
 
 
 def audit(
-    records: Iterable[Replayed], from_ms: int, to_ms: int, as_of_ms: int, stuck_ms: int = STUCK_MS
+    records: Iterable[Replayed],
+    from_ms: int,
+    to_ms: int,
+    as_of_ms: int,
+    stuck_ms: int = STUCK_MS,
+    *,
+    memory_events: int = MEMORY_EVENTS,
+    spill_dir: str | None = None,
 ) -> AuditReport:
     """Fold a replay into the report. ``as_of_ms``: "now" for effects still open at the end.
     ``records`` carry the window (a source read from ``from_ms`` and marked what lies before
-    ``to_ms``: ``db_events`` / ``replay_events``); ``from_ms`` and ``to_ms`` only label the report."""
+    ``to_ms``: ``db_events`` / ``replay_events``); ``from_ms`` and ``to_ms`` only label the report.
+    Past ``memory_events`` events the replay is grouped on disk under ``spill_dir`` (see the module
+    docstring)."""
     report = AuditReport(from_ms, to_ms, as_of_ms)
-    accs: dict[str, _Acc] = {}
-    # The accumulators hold no reference cycles: the cyclic collector would only rescan them.
+    spill = KeyedSpill(memory_events, spill_dir)
+    # The tuples and accumulators hold no reference cycles: the cyclic collector would only rescan
+    # them, over and over as they pile up.
     gc_was_on = gc.isenabled()
     gc.disable()
     try:
-        _fold(records, accs, report)
+        _collect(records, spill, report)
+        return _report(spill, report, as_of_ms, stuck_ms)
     finally:
+        spill.close()
         if gc_was_on:
             gc.enable()
-    return _report(accs, report, as_of_ms, stuck_ms)
 
 
-def _fold(records: Iterable[Replayed], accs: dict[str, _Acc], report: AuditReport) -> None:
+def _collect(records: Iterable[Replayed], spill: KeyedSpill, report: AuditReport) -> None:
     damaged: set[str] = set()
+    add = spill.add
+    events = 0
     for r in records:
-        if r.event is None:
+        e = r.event
+        if e is not None:
+            c = compact(type(e), _Attrs(e), r.in_window)
+        elif r.fields is not None:
+            c = compact(r.model, r.fields, r.in_window)  # type: ignore[arg-type]
+        else:
+            c = None
+        if c is None:
             report.undecodable += 1
             if len(damaged) < MAX_LISTED_KEYS:
                 damaged.add(r.key if r.key is not None else f"(no key: partition {r.partition} offset {r.offset})")
             continue
-        report.events += 1
-        acc = accs.get(r.event.effect_id)
-        if acc is None:
-            acc = accs[r.event.effect_id] = _Acc()
-        acc.add(r.event)
-        if r.in_window and isinstance(r.event, Intent):
-            acc.opened = True
+        events += 1
+        add(c)
+    report.events = events
     report.undecodable_keys = sorted(damaged)
 
 
-def _report(accs: dict[str, _Acc], report: AuditReport, as_of_ms: int, stuck_ms: int) -> AuditReport:
+def _report(spill: KeyedSpill, report: AuditReport, as_of_ms: int, stuck_ms: int) -> AuditReport:
     totals = TargetRow("all")
     per_target: dict[str, TargetRow] = {}
     attempts_due = outcomes = executed = with_receipt = 0
-    windows: list[int] = []
-    target_windows: dict[str, list[int]] = {}
+    windows: Counter[int] = Counter()
+    target_windows: dict[str, Counter[int]] = {}
     continuing_dups = 0
-    for key, acc in accs.items():
-        dup = acc.ok_execs > 1 or len(acc.receipt_ids) > 1
-        if not acc.opened or acc.first_intent_ms is None:
-            if acc.first_intent_ms is None:  # no intent replayed: it began before the window
+    dup_keys, stuck_keys = _Keys(), _Keys()
+    for key, events in spill.groups():
+        e = _summarize(events, as_of_ms, stuck_ms)
+        if not e.opened or e.first_intent_ms is None:
+            if e.first_intent_ms is None:  # no intent replayed: it began before the window
                 report.continuing += 1
-                if dup:  # partial history, but two executions are two executions
+                if e.duplicate:  # partial history, but two executions are two executions
                     continuing_dups += 1
-                    report.duplicate_keys.append(key)
+                    dup_keys.add(key)
             continue  # otherwise every intent of it lies after the window's end
-        row = per_target.setdefault(acc.target, TargetRow(acc.target))
-        settled = acc.settled_at()
-        stuck = ((settled if settled is not None else as_of_ms) - acc.first_intent_ms) > stuck_ms
-        uncertain = acc.became_uncertain()
+        row = per_target.get(e.target)
+        if row is None:
+            row = per_target[e.target] = TargetRow(e.target)
+            target_windows[e.target] = Counter()
         for t in (totals, row):
             t.effects += 1
-            t.attempts += len(acc.attempts)
-            t.keyed += len(acc.keyed)
-            t.uncertain += uncertain
-            t.resolved += uncertain and acc.resolved
-            t.duplicates += dup
-            t.stuck += stuck
-        if dup:
-            report.duplicate_keys.append(key)
-        if stuck:
-            report.stuck_keys.append(key)
-        for a in acc.attempts:
-            if acc.deadline.get(a, 0) <= as_of_ms:
-                attempts_due += 1
-                outcomes += a in acc.outcome
-        if acc.ok_execs:
+            t.attempts += e.attempts
+            t.keyed += e.keyed
+            t.uncertain += e.uncertain
+            t.resolved += e.uncertain and e.resolved
+            t.duplicates += e.duplicate
+            t.stuck += e.stuck
+        if e.duplicate:
+            dup_keys.add(key)
+        if e.stuck:
+            stuck_keys.add(key)
+        attempts_due += e.attempts_due
+        outcomes += e.outcomes
+        if e.executed:
             executed += 1
-            with_receipt += bool(acc.receipt_ids)
-        windows.extend(acc.windows)
-        target_windows.setdefault(acc.target, []).extend(acc.windows)
+            with_receipt += e.with_receipt
+        if e.windows:
+            tw = target_windows[e.target]
+            for w in e.windows:
+                windows[w] += 1
+                tw[w] += 1
+    report.duplicate_keys = dup_keys.result()
+    report.stuck_keys = stuck_keys.result()
 
-    windows.sort()
+    n_windows = sum(windows.values())
     p50, p99 = _percentile(windows, 0.50), _percentile(windows, 0.99)
-    mx = float(windows[-1]) if windows else None
+    mx = float(max(windows)) if windows else None
     report.checks = [
         Check("keyed_writes", totals.keyed, totals.attempts, "all", totals.keyed == totals.attempts),
         Check("recorded_outcomes", outcomes, attempts_due, "all", outcomes == attempts_due),
@@ -376,8 +480,8 @@ def _report(accs: dict[str, _Acc], report: AuditReport, as_of_ms: int, stuck_ms:
         Check(f"stuck_over_{_label(stuck_ms)}", totals.stuck, totals.effects, "none", totals.stuck == 0),
         Check(
             "sent_unrecorded_window",
-            len(windows),
-            len(windows),
+            n_windows,
+            n_windows,
             f"p99 <= {WINDOW_P99_MS} ms",
             p99 is None or p99 <= WINDOW_P99_MS,
             "no executions" if p99 is None else f"p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {mx:.0f} ms",
@@ -392,9 +496,6 @@ def _report(accs: dict[str, _Acc], report: AuditReport, as_of_ms: int, stuck_ms:
         ),
     ]
     for name, row in sorted(per_target.items()):
-        w = sorted(target_windows.get(name, []))
-        row.window_p99_ms = _percentile(w, 0.99)
+        row.window_p99_ms = _percentile(target_windows[name], 0.99)
         report.targets.append(row)
-    report.duplicate_keys.sort()
-    report.stuck_keys.sort()
     return report

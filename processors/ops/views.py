@@ -123,12 +123,16 @@ def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> lis
     return list(out.values())
 
 
-def history(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None) -> list[Event]:
+def history(
+    key: str, *, db: str | None = None, cfg: KafkaConfig | None = None, since_ms: int | None = None
+) -> list[Event]:
+    """Every event of one key. Kafka: read from where the key's records begin (``key_events``), or
+    from ``since_ms``."""
     if db is not None:
         events = [r.event for r in db_events(db) if r.event is not None and r.event.effect_id == key]
     else:
         assert cfg is not None
-        events = list(key_events(cfg, key))
+        events = list(key_events(cfg, key, since_ms=since_ms))
     return events
 
 
@@ -176,9 +180,9 @@ class Trace:
     intermediate_ms: int | None  # first intent -> settled (or now)
 
 
-def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None) -> Trace:
+def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None, since_ms: int | None = None) -> Trace:
     # By time, then in the order recorded (a stable sort): event ids are random within a millisecond.
-    events = sorted(history(key, db=db, cfg=cfg), key=lambda e: e.at_ms)
+    events = sorted(history(key, db=db, cfg=cfg, since_ms=since_ms), key=lambda e: e.at_ms)
     lines: list[TraceLine] = []
     effect: Effect | None = None
     settled_at: int | None = None
@@ -216,9 +220,7 @@ def decide(
     refused = decision_refusal(effect, decision, now)
     if refused is not None:
         raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
-    d = Decision(
-        uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg)
-    )
+    d = Decision(uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg))
     codec = kafka_codec(cfg, writes=True)  # publishes its schemas first
     p = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
     errors: list[str] = []

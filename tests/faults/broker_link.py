@@ -26,9 +26,11 @@ import threading
 from collections.abc import Callable
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket, gate: Callable[[int], None] | None = None) -> None:
     try:
         while data := src.recv(65536):
+            if gate is not None:
+                gate(len(data))  # may block: a stalled link
             dst.sendall(data)
     except OSError:
         pass
@@ -41,15 +43,31 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
 
 
 class Forwarder:
-    """Accepts on ``listener``; each connection is piped to a fresh ``connect()``."""
+    """Accepts on ``listener``; each connection is piped to a fresh ``connect()``. With
+    ``stall_after``: once that many bytes came back from the other side, the link stops relaying
+    (connections stay open, nothing moves: ``stalled`` is set) until ``cut()``."""
 
-    def __init__(self, listener: socket.socket, connect: Callable[[], socket.socket]) -> None:
+    def __init__(
+        self, listener: socket.socket, connect: Callable[[], socket.socket], stall_after: int | None = None
+    ) -> None:
         self._listener = listener
         self._connect = connect
         self._lock = threading.Lock()
         self._open: list[socket.socket] = []
         self._cut = False
+        self._stall_after = stall_after
+        self.received = 0
+        self.stalled = threading.Event()
+        self._released = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def _gate(self, n: int) -> None:
+        with self._lock:
+            self.received += n
+            stall = self._stall_after is not None and self.received >= self._stall_after
+        if stall:
+            self.stalled.set()
+            self._released.wait()
 
     def _accept(self) -> None:
         while True:
@@ -69,9 +87,10 @@ class Forwarder:
                     return
                 self._open += [client, upstream]
             threading.Thread(target=_pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=_pump, args=(upstream, client), daemon=True).start()
+            threading.Thread(target=_pump, args=(upstream, client, self._gate), daemon=True).start()
 
     def cut(self) -> None:
+        self._released.set()
         with self._lock:
             self._cut = True
             self._listener.close()
@@ -94,12 +113,12 @@ def available() -> bool:
         return False
 
 
-def link_to(broker: tuple[str, int], unix_path: str) -> Forwarder:
-    """The test's side: ``unix_path`` -> the real broker."""
+def link_to(broker: tuple[str, int], unix_path: str, stall_after: int | None = None) -> Forwarder:
+    """The test's side: ``unix_path`` -> the real broker (``stall_after``: see ``Forwarder``)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(unix_path)
     listener.listen(64)
-    return Forwarder(listener, lambda: socket.create_connection(broker, timeout=10))
+    return Forwarder(listener, lambda: socket.create_connection(broker, timeout=10), stall_after)
 
 
 def _loopback_up() -> None:

@@ -1,0 +1,111 @@
+"""``effects topics check`` / ``topics create`` / the worker against topics configured otherwise than
+effect-ledger expects: pre-created on the real broker with a delete policy on ``effects.state`` and
+a retention on ``effects.events``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from effect_ledger.streams.admin import (
+    TopicDrift,
+    check_topics,
+    delete_topics,
+    ensure_topics,
+    list_topics,
+    require_topics,
+)
+from effect_ledger.streams.config import KafkaConfig
+
+TIMEOUT = 30
+
+
+def effects(*args: str, cfg: KafkaConfig) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "effect_ledger", *args, "--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, EFFECTS_PARTITIONS=str(cfg.partitions)),
+    )
+
+
+@pytest.fixture
+def drifted(kafka_bootstrap: str) -> Iterator[KafkaConfig]:
+    """Topics under a fresh prefix: effects.state not compacted, effects.events deleted after a day."""
+    cfg = KafkaConfig(bootstrap=kafka_bootstrap, prefix=f"t{uuid.uuid4().hex[:12]}.", partitions=2)
+    admin = AdminClient(cfg.confluent())
+    made = admin.create_topics(
+        [
+            NewTopic(cfg.topics.state, num_partitions=2, replication_factor=1, config={"cleanup.policy": "delete"}),
+            NewTopic(cfg.topics.events, num_partitions=2, replication_factor=1, config={"retention.ms": "86400000"}),
+        ]
+    )
+    for fut in made.values():
+        fut.result(timeout=TIMEOUT)
+    yield cfg
+    delete_topics(cfg, [t for t in list_topics(cfg) if t.startswith(cfg.prefix)])
+
+
+def test_check_is_clean_on_topics_it_created(kafka_config: KafkaConfig) -> None:
+    statuses = check_topics(kafka_config)
+    assert [s.spec.name for s in statuses] == list(kafka_config.topics.all())
+    assert all(s.exists and not s.drifts for s in statuses), statuses
+    assert all(s.config["min.insync.replicas"] == "1" for s in statuses)  # min(2, replication 1)
+    r = effects("topics", "check", cfg=kafka_config)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert kafka_config.topics.state in r.stdout and "compact" in r.stdout
+
+
+def test_create_and_check_report_a_pre_created_drifted_topic(drifted: KafkaConfig) -> None:
+    t = drifted.topics
+    r = effects("topics", "create", cfg=drifted)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = dict(line.split("\t", 1) for line in r.stdout.splitlines())
+    # Not "exists" as if it were fine: the differences, on the topic's own line.
+    assert lines[t.state].startswith("exists, DRIFTED: cleanup.policy is delete, expected compact"), lines
+    assert lines[t.events].startswith("exists, DRIFTED: retention.ms is 86400000, expected -1"), lines
+    assert lines[t.decisions] == "created"
+    assert r.stderr.startswith("effects: ") and len(r.stderr.strip().splitlines()) == 1
+
+    r = effects("topics", "check", cfg=drifted)
+    assert r.returncode == 1
+    assert r.stdout == ""
+    assert r.stderr.splitlines() == [
+        f"effects: {t.events}: retention.ms is 86400000, expected -1",
+        f"effects: {t.state}: cleanup.policy is delete, expected compact",
+    ]
+    doc = json.loads(effects("topics", "check", "--json", cfg=drifted).stdout)
+    assert {d["topic"]: d["drifts"] for d in doc}[t.uncertain] == []
+
+    # A min.insync.replicas above the replication factor is refused before anything is asked.
+    r = effects("topics", "check", "--min-insync-replicas", "2", cfg=drifted)
+    assert r.returncode == 1 and "min.insync.replicas 2 must be between 1 and the replication factor 1" in r.stderr
+
+
+def test_min_insync_replicas_is_checked(drifted: KafkaConfig) -> None:
+    ensure_topics(drifted)
+    # The cluster has min.insync.replicas 1 where the operator asked for 2 (with replication 2).
+    want = KafkaConfig(bootstrap=drifted.bootstrap, prefix=drifted.prefix, partitions=2, replication=2)
+    drifts = [str(d) for s in check_topics(want) for d in s.drifts]
+    assert f"{drifted.topics.decisions}: min.insync.replicas is 1, expected 2" in drifts
+    assert f"{drifted.topics.decisions}: replication is 1, expected at least 2" in drifts
+
+
+def test_worker_refuses_a_drifted_state_topic(drifted: KafkaConfig, tmp_path: object) -> None:
+    with pytest.raises(TopicDrift, match="cleanup.policy is delete, expected compact"):
+        require_topics(drifted)
+    r = effects("worker", "--data-dir", str(tmp_path), "--web-port", "6199", cfg=drifted)
+    assert r.returncode == 1, r.stderr
+    (line,) = r.stderr.splitlines()
+    assert line.startswith(f"effects: {drifted.topics.state}: cleanup.policy is delete, expected compact")
+    # events' retention is reported by `topics check`, but does not stop the processor
+    assert drifted.topics.events not in line
