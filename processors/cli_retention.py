@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from effect_ledger.processors.cli_boundary import LedgerPath
-from effect_ledger.processors.cli_ops import fail, kafka_of, source_options, user_errors
+from effect_ledger.processors.cli_ops import fail, kafka_of, source_options
 
 
 def register(main: click.Group) -> None:
@@ -44,25 +44,24 @@ def retire(
     from effect_ledger.streams.retention import MIN_RETENTION_MS
     from effect_ledger.streams.timeparse import duration_ms
 
-    with user_errors():
-        after_ms = duration_ms(older_than)
-        if after_ms <= 0:
-            raise ValueError(f"--older-than {older_than}: give a retention longer than zero")
-        if after_ms < MIN_RETENTION_MS and not allow_short:
-            raise ValueError(
-                f"--older-than {older_than} is under 1 day: late receipts and retries may still come for "
-                "those keys (give --allow-short to do it anyway)"
-            )
-        now = int(time.time() * 1000)
-        if db is not None:
-            keys = asyncio.run(_retire_file(db, now, after_ms, embedded))
-            where = db
-        else:
-            from effect_ledger.processors.ops.retire import sweep
+    after_ms = duration_ms(older_than)
+    if after_ms <= 0:
+        raise ValueError(f"--older-than {older_than}: give a retention longer than zero")
+    if after_ms < MIN_RETENTION_MS and not allow_short:
+        raise ValueError(
+            f"--older-than {older_than} is under 1 day: late receipts and retries may still come for "
+            "those keys (give --allow-short to do it anyway)"
+        )
+    now = int(time.time() * 1000)
+    if db is not None:
+        keys = asyncio.run(_retire_file(db, now, after_ms, embedded))
+        where = db
+    else:
+        from effect_ledger.processors.ops.retire import sweep
 
-            cfg = kafka_of(bootstrap, prefix)
-            keys = [s.effect_id for s in sweep(cfg, after_ms, operator_identity(cfg), now_ms=now, dry_run=dry_run)]
-            where = cfg.topics.events
+        cfg = kafka_of(bootstrap, prefix)
+        keys = [s.effect_id for s in sweep(cfg, after_ms, operator_identity(cfg), now_ms=now, dry_run=dry_run)]
+        where = cfg.topics.events
     if as_json:
         click.echo(json.dumps({"retired" if db or not dry_run else "due": keys, "count": len(keys)}))
     elif db is not None:
@@ -110,16 +109,15 @@ def erase(dbs: tuple[str, ...], bootstrap: str | None, prefix: str | None, subje
     effects.events). States, times, receipt ids and request digests stay: the audit still holds."""
     if not subject.strip():
         fail("--subject: give the subject's id (the value the target's subject field holds)")
-    with user_errors():
-        if dbs:
-            n = asyncio.run(_erase(dbs, subject))
-            where = dbs[0] if len(dbs) == 1 else f"{len(dbs)} files"
-        else:
-            from effect_ledger.streams.keyring_kafka import KafkaKeyring
+    if dbs:
+        n = asyncio.run(_erase(dbs, subject))
+        where = dbs[0] if len(dbs) == 1 else f"{len(dbs)} files"
+    else:
+        from effect_ledger.streams.keyring_kafka import KafkaKeyring
 
-            cfg = kafka_of(bootstrap, prefix)
-            n = asyncio.run(KafkaKeyring(cfg).erase(subject))
-            where = cfg.topics.keys
+        cfg = kafka_of(bootstrap, prefix)
+        n = asyncio.run(KafkaKeyring(cfg).erase(subject))
+        where = cfg.topics.keys
     if as_json:
         click.echo(json.dumps({"subject_keys_erased": n}))
     else:

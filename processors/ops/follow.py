@@ -8,9 +8,9 @@ from collections.abc import Iterable, Iterator
 
 from effect_ledger.processors.ops.sources import follow_topic
 from effect_ledger.streams.codec import DecodeError
-from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.model import EffectState, State
+from effect_ledger.streams.schema_topic import kafka_codec
 
 
 def parse_states(names: Iterable[str]) -> set[str]:
