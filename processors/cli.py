@@ -220,7 +220,6 @@ def run(
     from effect_ledger.processors.runner import Runner
     from effect_ledger.streams.ledger import Ledger
 
-
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
             runner = Runner(ledger, interval=interval, metrics=metrics)
@@ -267,6 +266,14 @@ def run(
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="workers to run on this machine, one process each, sharing the partitions (DATA_DIR/worker-I, "
+    "port + I); one per core, at most one per partition",
+)
 @metrics_options
 def worker(
     bootstrap: str | None,
@@ -280,6 +287,7 @@ def worker(
     advertised_url: str | None,
     app_id: str,
     loglevel: str,
+    processes: int,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -309,6 +317,12 @@ def worker(
         ensure_topics(cfg)
     except (BrokerUnavailable, ConfigError, ValueError) as e:
         _fail(str(e))
+    if processes > 1:
+        from effect_ledger.processors.worker_pool import run_pool
+
+        if advertised_url:
+            _fail("--advertised-url names one worker: with --processes, each worker is reached on its own port")
+        sys.exit(run_pool(settings, processes, loglevel, metrics_port, metrics_host))
     metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port")
     run_worker(settings, loglevel=loglevel, metrics=metrics)
 
@@ -387,8 +401,9 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
     click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
     if dead:
         # Refused by Kafka for good (too large, invalid): kept in the file's dead_letters table.
-        click.echo(f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on "
-                   f"{cfg.topics.dlq})")
+        click.echo(
+            f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on {cfg.topics.dlq})"
+        )
 
 
 def _register_ops() -> None:

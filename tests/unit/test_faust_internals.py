@@ -1,0 +1,54 @@
+"""One test per private faust part the processor uses (processors/faust_internals.py): an upgrade
+of faust-streaming that moves one fails here, by name."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import faust
+import faust.streams
+from faust.types import TP
+
+from effect_ledger.processors import faust_internals
+
+
+def test_pinned_to_the_faust_release_it_was_read_from() -> None:
+    assert faust.__version__ == faust_internals.FAUST_VERSION
+
+
+class _Event:
+    message = SimpleNamespace(partition=2, topic="t")
+
+
+def test_as_current_event_is_what_faust_tables_read() -> None:
+    event = _Event()
+    assert faust.streams.current_event() is None
+    with faust_internals.as_current_event(event):
+        assert faust.streams.current_event() is event
+    assert faust.streams.current_event() is None
+
+
+def _app(tmp_path: Path) -> faust.App:
+    return faust.App("internals-test", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), store="memory://")
+
+
+def test_committed_offset_reads_the_consumers_map(tmp_path: Path) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        assert faust_internals.committed_offset(app, "t", 0) is None
+        app.consumer._committed_offset[TP("t", 0)] = 42
+        assert faust_internals.committed_offset(app, "t", 0) == 42
+
+    asyncio.run(check())
+
+
+def test_peer_urls_reads_the_assignors_map(tmp_path: Path) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        assert faust_internals.peer_urls(app) == set()
+        app.assignor._tps_url[TP("t", 0)] = "http://127.0.0.1:6066"
+        assert faust_internals.peer_urls(app) == {"http://127.0.0.1:6066"}
+
+    asyncio.run(check())
