@@ -124,57 +124,121 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
 
 
-def _dump(obj: Any, blobs: dict[str, int]) -> Any:
-    if isinstance(obj, str):
-        if len(obj) < BLOB_BYTES:
-            return obj
-        return {"$": blobs.setdefault(obj, len(blobs))}
-    if obj is None or isinstance(obj, bool | int | float):
-        return obj
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out: dict[str, Any] = {"@": type(obj).__name__}
-        for f in dataclasses.fields(obj):
-            out[f.name] = _dump(getattr(obj, f.name), blobs)
-        return out
-    if isinstance(obj, tuple | list | frozenset | set):
-        items = sorted(obj) if isinstance(obj, frozenset | set) else obj
-        return [_dump(x, blobs) for x in items]
-    if isinstance(obj, dict):
-        return {"#": [[_dump(k, blobs), _dump(v, blobs)] for k, v in obj.items()]}
-    raise TypeError(f"cannot store a {type(obj).__name__} in the table")
-
-
-def _load(data: Any, hint: Any, blobs: list[str]) -> Any:
-    if isinstance(data, dict):
-        if "$" in data:
-            return blobs[data["$"]]
-        if "@" in data:
-            cls = _classes()[data["@"]]
-            hints = _hints(cls)
-            # A field this release does not know is dropped; one it knows but the value lacks takes
-            # its default (the dataclass raises when it has none).
-            kwargs = {k: _load(v, hints[k], blobs) for k, v in data.items() if k in hints}
-            return cls(**kwargs)
-    if data is None:
+@cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    if not dataclasses.is_dataclass(cls):
         return None
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class _Writer:
+    """Walks an object into JSON-able data. Strings of ``BLOB_BYTES`` or more become {"$": i}
+    (blob i); a dataclass object met again (an effect's intent is also one of its facts) becomes
+    {"^": n}, n counting dataclass objects in the order they were first met."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, int] = {}
+        self.seen: dict[int, int] = {}
+
+    def dump(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is str:
+            return obj if len(obj) < BLOB_BYTES else {"$": self.blobs.setdefault(obj, len(self.blobs))}
+        if obj is None or t is int or t is bool or t is float:
+            return obj
+        if isinstance(obj, enum.Enum):
+            return obj.value
+        names = _field_names(t)
+        if names is not None:
+            ref = self.seen.get(id(obj))
+            if ref is not None:
+                return {"^": ref}
+            self.seen[id(obj)] = len(self.seen)
+            out: dict[str, Any] = {"@": t.__name__}
+            for n in names:  # the common field types inline: this runs for every table write
+                v = getattr(obj, n)
+                tv = type(v)
+                if (tv is str and len(v) < BLOB_BYTES) or v is None or tv is int or tv is bool:
+                    out[n] = v
+                else:
+                    out[n] = self.dump(v)
+            return out
+        if isinstance(obj, str | int | float):  # a subclass (an enum is handled above)
+            return obj
+        if isinstance(obj, tuple | list):
+            return [self.dump(x) for x in obj]
+        if isinstance(obj, frozenset | set):
+            return [self.dump(x) for x in sorted(obj)]
+        if isinstance(obj, dict):
+            return {"#": [[self.dump(k), self.dump(v)] for k, v in obj.items()]}
+        raise TypeError(f"cannot store a {type(obj).__name__} in the table")
+
+
+Converter = Callable[["_Reader", Any], Any]
+
+
+class _Reader:
+    """The inverse of ``_Writer``, guided by the dataclasses' type hints (enums, tuples)."""
+
+    def __init__(self, blobs: list[str]) -> None:
+        self.blobs = blobs
+        self.objs: list[Any] = []
+
+    def any(self, data: Any) -> Any:
+        if type(data) is dict:
+            if "$" in data:
+                return self.blobs[data["$"]]
+            if "^" in data:
+                return self.objs[data["^"]]
+            if "@" in data:
+                return self.obj(data)
+            if "#" in data:
+                return {self.any(k): self.any(v) for k, v in data["#"]}
+        return data
+
+    def obj(self, data: dict[str, Any]) -> Any:
+        cls = _classes()[data["@"]]
+        plan = _plan(cls)
+        n = len(self.objs)
+        self.objs.append(None)  # numbered when first met, like the writer: before its fields
+        # A field this release does not know is dropped; one it knows but the value lacks takes its
+        # default (the dataclass raises when it has none).
+        obj = cls(**{k: plan[k](self, v) for k, v in data.items() if k in plan})
+        self.objs[n] = obj
+        return obj
+
+
+def _any(r: _Reader, v: Any) -> Any:
+    return r.any(v)
+
+
+@cache
+def _plan(cls: type) -> dict[str, Converter]:
+    names = _field_names(cls) or ()
+    return {name: _converter(hint) for name, hint in _hints(cls).items() if name in names}
+
+
+@cache
+def _converter(hint: Any) -> Converter:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in args if a is not type(None)]
-        return _load(data, options[0], blobs) if len(options) == 1 else data
+        if len(options) != 1:
+            return _any
+        inner = _converter(options[0])
+        return lambda r, v: None if v is None else inner(r, v)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        return hint(data)
+        enum_type = hint
+        return lambda r, v: enum_type(v)
     if origin is tuple and args and (len(args) != 2 or args[1] is not Ellipsis):
-        return tuple(_load(x, h, blobs) for x, h in zip(data, args, strict=False))
+        convs = [_converter(a) for a in args]
+        return lambda r, v: tuple(c(r, x) for c, x in zip(convs, v, strict=False))
     if origin in (tuple, list, frozenset, set):
-        inner = args[0] if args else Any
-        return origin(_load(x, inner, blobs) for x in data)
-    if origin is dict and isinstance(data, dict):
-        kh, vh = args if args else (Any, Any)
-        return {_load(k, kh, blobs): _load(v, vh, blobs) for k, v in data["#"]}
-    return data
+        each = _converter(args[0]) if args else _any
+        kind = origin
+        return lambda r, v: kind([each(r, x) for x in v])
+    return _any
 
 
 # -- the value ------------------------------------------------------------------------------------
@@ -182,10 +246,11 @@ def _load(data: Any, hint: Any, blobs: list[str]) -> Any:
 
 def encode(effect: Effect, due_ms: int | None) -> bytes:
     """The table value of ``effect`` (slimmed). ``TableValueTooLarge`` over the limit."""
-    blobs: dict[str, int] = {}
-    skeleton = json.dumps(_dump(slim(effect), blobs), separators=(",", ":"), ensure_ascii=False).encode(
+    w = _Writer()
+    skeleton = json.dumps(w.dump(slim(effect)), separators=(",", ":"), ensure_ascii=False).encode(
         "utf-8", "surrogatepass"
     )
+    blobs = w.blobs
     parts = [_HEADER.pack(FORMAT, -1 if due_ms is None else due_ms), _COUNT.pack(len(blobs))]
     for text in blobs:  # dicts keep insertion order: index i is the i-th blob
         data = text.encode("utf-8", "surrogatepass")
@@ -219,7 +284,7 @@ def decode(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
         pos += _COUNT.size
         blobs.append(value[pos : pos + size].decode("utf-8", "surrogatepass"))
         pos += size
-    effect = _load(json.loads(value[pos:].decode("utf-8", "surrogatepass")), Effect, blobs)
+    effect = _Reader(blobs).any(json.loads(value[pos:].decode("utf-8", "surrogatepass")))
     assert isinstance(effect, Effect)
     return effect
 

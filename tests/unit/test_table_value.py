@@ -81,8 +81,9 @@ def test_a_field_added_to_an_event_survives_generically() -> None:
     """Serialization walks the dataclass fields: nothing here names them."""
     e = fold([intent(1, '{"a":1}')])
     assert e is not None
-    data = table_value._dump(e, {})
-    assert data["@"] == "Effect" and data["intent"]["@"] == "Intent" and data["state"] == "PENDING"
+    data = table_value._Writer().dump(e)
+    assert data["@"] == "Effect" and data["facts"][0]["@"] == "Intent" and data["state"] == "PENDING"
+    assert data["intent"] == {"^": 1}  # the same object as the fact: stored once
     assert set(data) - {"@"} == {f.name for f in dataclasses.fields(Effect)}
 
 
