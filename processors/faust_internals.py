@@ -11,6 +11,15 @@ Why each is needed (faust 0.15.3 has no public way):
   (``Consumer._committed_offset``); everything before it was folded before the commit.
 * ``peer_urls``: the web URLs of the group's workers, from the assignor (``_tps_url``), to forward
   a lookup to the owner of a key's partition of effects.events.
+* ``hold_fetching_until_streams_resume``: relies on the order of faust's
+  ``Recovery.on_recovery_completed`` (table recover callbacks, then resume the source partitions,
+  seek them to their committed offsets, clear the stream buffers, resume the consumer's flow).
+  Between the resume and the clear, the fetcher hands records of the resumed partitions to the
+  streams, and the clear drops them; a partition with a committed offset is sought back and reads
+  them again, but one without (its previous worker was killed before its first commit) is not: its
+  position has moved past them, and the worker never folds them (a restart that "processed
+  nothing"). Stopping the consumer's flow from the recover callback keeps the fetcher from taking
+  records until faust resumes the flow, after the clear.
 """
 
 from __future__ import annotations
@@ -45,6 +54,12 @@ def committed_offset(app: faust.App, topic: str, partition: int) -> int | None:
         return None
     value = offsets.get(TP(topic, partition))
     return None if value is None else int(value)
+
+
+def hold_fetching_until_streams_resume(app: faust.App) -> None:
+    """Call from a table's recover callback: the fetcher takes no records until faust resumes the
+    consumer's flow at the end of ``on_recovery_completed`` (see the module docstring)."""
+    app.consumer.stop_flow()
 
 
 def peer_urls(app: faust.App) -> set[str]:

@@ -53,7 +53,7 @@ def throughput_settings() -> dict[str, Any]:
         "broker_max_poll_records": 5000,
         "consumer_max_fetch_size": 4 << 20,  # per partition
         "stream_buffer_maxsize": 16384,
-        "producer_linger": 0.005,
+        "producer_linger": 0.01,
         "producer_max_batch_size": 256 << 10,
         # A table value is at most MAX_TABLE_VALUE_BYTES (900,000): one record must fit a request.
         "producer_max_request_size": 1_000_000,

@@ -213,6 +213,7 @@ class LedgerProcessor:
         # rebuilt once the table has recovered the new assignment (before streams resume).
         @self.table.on_recover
         async def recovered() -> None:
+            faust_internals.hold_fetching_until_streams_resume(app)
             self._rebuild_index(self._assigned())
 
         @app.on_partitions_revoked.connect

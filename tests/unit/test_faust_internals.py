@@ -52,3 +52,26 @@ def test_peer_urls_reads_the_assignors_map(tmp_path: Path) -> None:
         assert faust_internals.peer_urls(app) == {"http://127.0.0.1:6066"}
 
     asyncio.run(check())
+
+
+def test_recovery_calls_table_callbacks_before_it_resumes_seeks_clears_and_resumes_flow() -> None:
+    """``hold_fetching_until_streams_resume`` is right only in this order (faust 0.15.3)."""
+    import inspect
+
+    from faust.tables.recovery import Recovery
+
+    src = inspect.getsource(Recovery.on_recovery_completed)
+    steps = ["table.on_recovery_completed", "consumer.resume_partitions", "consumer.perform_seek",
+             "self.app.flow_control.resume()", "consumer.resume_flow()"]  # fmt: skip
+    where = [src.index(s) for s in steps]
+    assert where == sorted(where), dict(zip(steps, where, strict=True))
+
+
+def test_hold_fetching_stops_the_consumers_flow(tmp_path: Path) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        app.consumer.resume_flow()
+        faust_internals.hold_fetching_until_streams_resume(app)
+        assert not app.consumer.flow_active and not app.consumer.can_resume_flow.is_set()
+
+    asyncio.run(check())
