@@ -64,4 +64,4 @@ def hold_fetching_until_streams_resume(app: faust.App) -> None:
 
 def peer_urls(app: faust.App) -> set[str]:
     """The web URLs of every worker of the group (this one included), as the assignor knows them."""
-    return {str(u) for u in app.assignor._tps_url.values()}
+    return {str(u) for u in app.assignor._tps_url.values()}  # type: ignore[attr-defined]

@@ -216,7 +216,7 @@ class LedgerProcessor:
             faust_internals.hold_fetching_until_streams_resume(app)
             self._rebuild_index(self._assigned())
 
-        @app.on_partitions_revoked.connect
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
             self.index.forget()
 

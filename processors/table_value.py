@@ -148,7 +148,7 @@ class _Writer:
             return obj
         if isinstance(obj, enum.Enum):
             return obj.value
-        names = _field_names(t)
+        names = _field_names(t)  # type: ignore[arg-type]  # any type is hashable
         if names is not None:
             ref = self.seen.get(id(obj))
             if ref is not None:
