@@ -7,6 +7,9 @@ Why each is needed (faust 0.15.3 has no public way):
 * ``as_current_event``: a table read or write goes to the RocksDB partition and the changelog
   partition of faust's *current event* (``faust.streams._current_event``). A batch from
   ``take_events`` mixes partitions, so each key is written with its own last event made current.
+  Reads outside the fold (lookups, the timer) run with no current event (``no_current_event``), so
+  the store finds a key in whichever partition holds it, whatever event the calling task's context
+  happens to carry.
 * ``committed_offset``: where the group's committed offset put a partition after a rebalance
   (``Consumer._committed_offset``); everything before it was folded before the commit.
 * ``peer_urls``: the web URLs of the group's workers, from the assignor (``_tps_url``), to forward
@@ -41,6 +44,16 @@ FAUST_VERSION = "0.15.3"
 def as_current_event(event: Any) -> Iterator[None]:
     """Make ``event`` faust's current event for the block (the partition tables read and write)."""
     token = faust.streams._current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        faust.streams._current_event.reset(token)
+
+
+@contextmanager
+def no_current_event() -> Iterator[None]:
+    """No current event for the block: the table looks a key up in every partition it holds."""
+    token = faust.streams._current_event.set(None)
     try:
         yield
     finally:

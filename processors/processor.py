@@ -313,7 +313,7 @@ class LedgerProcessor:
         with faust_internals.as_current_event(last):
             previous = self.table.get(key)
             try:
-                before = self._load(key, previous)
+                before = self._load(key, previous) if previous is not None else None
             except Exception as e:  # a value this release cannot read must not stop the partition
                 for event, _ev in evs:
                     await self.dead_letter(event.message, f"cannot read the table value: {type(e).__name__}: {e}")
@@ -375,8 +375,11 @@ class LedgerProcessor:
             m.escalated.labels(target=target).inc()
 
     def _load(self, key: str, value: bytes | None = None) -> Effect | None:
+        """The folded effect of ``key``: from ``value`` (read by the fold, in the key's partition),
+        else read from the table by key alone (lookups, the timer)."""
         if value is None:
-            value = self.table.get(key)
+            with faust_internals.no_current_event():
+                value = self.table.get(key)
         if value is None:
             return None
         cached = self._cache.get(key)

@@ -75,3 +75,11 @@ def test_hold_fetching_stops_the_consumers_flow(tmp_path: Path) -> None:
         assert not app.consumer.flow_active and not app.consumer.can_resume_flow.is_set()
 
     asyncio.run(check())
+
+
+def test_no_current_event_hides_the_ambient_one() -> None:
+    event = _Event()
+    with faust_internals.as_current_event(event):
+        with faust_internals.no_current_event():
+            assert faust.streams.current_event() is None
+        assert faust.streams.current_event() is event
