@@ -283,7 +283,8 @@ def run_throughput(ctx: Context) -> BenchResult:
         cpu2.append(c2)
         line = (
             f"processor rep {rep + 1}/{ctx.reps}: 1 worker {fmt(r1)} events/s ({n1} events, {c1:.2f} ms CPU/event), "
-            f"faust bare {fmt(one.raw_limit_runs[-1])}, raw fold {fmt(raws[-1])}; 2 workers {fmt(r2)} events/s "
+            f"faust bare {fmt(one.raw_limit_runs[-1])} ({r1 / one.raw_limit_runs[-1]:.2f}x), raw fold {fmt(raws[-1])}; "
+            f"2 workers {fmt(r2)} events/s "
             f"({r2 / r1:.2f}x)"
         )
         if previous is not None:
@@ -301,6 +302,7 @@ def run_throughput(ctx: Context) -> BenchResult:
         "time_cap_s": cap,
         "worker_cpu_ms_per_event": cpu,
         "raw_fold_events_per_s": raws,
+        "of_faust_bare_per_rep": [r / c for r, c in zip(one.runs, one.raw_limit_runs, strict=True)],
         "store": "rocksdb://",
         "partitions": ctx.partitions,
     }
