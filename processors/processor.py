@@ -240,7 +240,6 @@ class LedgerProcessor:
                         "partitions": sorted(processor.index.assigned or ()),
                         "processed": processor.processed,
                         "open": len(processor.index),
-                        **_diagnostics(app),
                     }
                 )
 
@@ -499,35 +498,6 @@ class LedgerProcessor:
         done = (self.processed if topic == events else self.processed_decisions).get(partition, -1)
         committed = faust_internals.committed_offset(self.app, topic, partition)
         return max(done, committed - 1) if committed is not None else done
-
-
-def _diagnostics(app: Any) -> dict[str, Any]:
-    import os
-
-    if not os.environ.get("EFFECTS_WORKER_DIAGNOSTICS"):
-        return {}
-    c = app.consumer
-    out: dict[str, Any] = {}
-    try:
-        out["active"] = sorted(str(tp) for tp in (c._active_partitions or ()))
-        out["paused"] = sorted(str(tp) for tp in c._paused_partitions)
-        out["buffered"] = sorted(str(tp) for tp in c._buffered_partitions)
-        out["flow_active"] = bool(c.flow_active)
-        out["flow_control"] = bool(app.flow_control.is_active())
-        ak = c._thread._ensure_consumer()
-        out["ak_paused"] = sorted(str(tp) for tp in ak.paused())
-        out["ak_assignment"] = sorted(str(tp) for tp in ak.assignment())
-        sub = ak._subscription.subscription.assignment
-        out["ak_state"] = {str(tp): repr(sub.state_value(tp)) for tp in sub.tps}
-        out["ak_records"] = sorted(str(tp) for tp in ak._fetcher._records)
-        out["ak_in_flight"] = sorted(str(n) for n in ak._fetcher._in_flight)
-        out["ak_pending"] = len(ak._fetcher._pending_tasks)
-        out["acked"] = {str(tp): v for tp, v in c._acked_index.items()} if hasattr(c, "_acked_index") else None
-        out["committed"] = {str(tp): v for tp, v in c._committed_offset.items()}
-        out["read"] = {str(tp): v for tp, v in c._read_offset.items()}
-    except Exception as e:  # diagnostics only
-        out["diag_error"] = repr(e)
-    return out
 
 
 def faust_credentials(k: KafkaConfig) -> Any:
