@@ -4,6 +4,7 @@ key; SIGTERM to the parent stops both."""
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -16,8 +17,21 @@ from tests.services import Processor, Service, free_port, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
 
+def two_free_ports() -> int:
+    """A port P with P + 1 free too (the pool's workers listen on P and P + 1)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 def test_processes_share_the_partitions_and_answer_lookups(kafka_config: KafkaConfig, tmp_path: Path) -> None:
-    port = free_port()
+    port = two_free_ports()
     data = tmp_path / "data"
     pool = Service(
         ["worker", "--bootstrap", kafka_config.bootstrap, "--prefix", kafka_config.prefix,
