@@ -300,6 +300,14 @@ def run(
     help="the targets declaration: each target's backoff spaces the checks of its uncertain effects "
     "(without it, the default backoff for every target) [env EFFECTS_TARGETS]",
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="workers to run on this machine, one process each, sharing the partitions (DATA_DIR/worker-I, "
+    "port + I); one per core, at most one per partition",
+)
 @metrics_options
 def worker(
     bootstrap: str | None,
@@ -315,6 +323,7 @@ def worker(
     app_id: str,
     loglevel: str,
     targets_spec: str | None,
+    processes: int,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -344,6 +353,12 @@ def worker(
     ensure_topics(cfg)
     # A drifted effects.state (not compacted, ...) or partition count: one line, nothing started.
     require_topics(cfg)
+    if processes > 1:
+        from effect_ledger.processors.worker_pool import run_pool
+
+        if advertised_url:
+            fail("--advertised-url names one worker: with --processes, each worker is reached on its own port")
+        sys.exit(run_pool(settings, processes, loglevel, metrics_port, metrics_host))
     metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port")
     run_worker(settings, loglevel=loglevel, metrics=metrics)
 

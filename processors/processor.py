@@ -2,53 +2,54 @@
 topic of their own so that Kafka ACLs can keep it to operators; co-partitioned with the events)
 into a table of effects (faust-streaming).
 
-Per event, in this order (at-least-once: faust commits source offsets periodically, so after a
-crash the events since the last commit are delivered again; the fold ignores what it has seen, and
-a replayed event re-sends its table record and state, in case the crash came before they were
-delivered):
+Events come in batches (``take_events``: up to ``batch_max`` events, or what arrived within
+``batch_within_s``), grouped by key. Per batch, in this order (at-least-once: faust commits source
+offsets after the batch is handled, periodically, so after a crash the events since the last commit
+are delivered again; the fold ignores what it has seen, and a replayed event re-sends its table
+record and state, in case the crash came before they were delivered):
 
 1. decode; a record that cannot be decoded, that does not belong on its topic (anything but an
    Intent, Executed, Receipt, Resolution or Timeout on ``effects.events``; anything but a Decision
    on ``effects.decisions``), or whose key is not its effect_id, goes to ``effects.dlq`` with the
    reason (a bounded copy), and processing continues;
-2. fold it into the effect (``effect_ledger.streams.effect.apply``) and write the table (RocksDB, changelog
-   topic co-partitioned with ``effects.events``);
-3. publish the new state to ``effects.state`` (compacted) and, when the effect has just become
-   uncertain, an ``UncertainEffect`` to ``effects.uncertain``.
+2. fold each key's events, in order, into its effect (``batch.fold_key``) and write the table once
+   per changed key (``table_value``: bounded; RocksDB, changelog co-partitioned with
+   ``effects.events``); an event that cannot be applied, or would make the value too large, is
+   dead-lettered;
+3. publish each changed key's state to ``effects.state`` once (compacted) and, when the effect
+   became uncertain, an ``UncertainEffect`` to ``effects.uncertain``;
+4. count the batch's offsets as processed (lookups wait on them).
 
-Deadlines: a timer scans an in-memory index of *this worker's* open effects (rebuilt from the table
-after every rebalance, skipped while the table recovers) and sends a Timeout command through
+Claims: folding the first intent of an attempt (in the partition's order), the fold records a
+``Claimed`` verdict naming it, in the same table write (``batch.fold_key``, ``effect.claim_verdict``);
+any later intent of that attempt is a lost claim. The verdict is never sent to a topic (nor accepted
+from one): lookups hand it to agents, and a fold of the same partition from scratch records the same.
+
+Retention: a ``Retirement`` command on ``effects.events`` (``effects retire``) replaces a closed
+key's value with a retired marker and tombstones its state (``retirement``); later events of the key
+are dead-lettered and its lookup answers 410.
+
+Deadlines: a timer scans an in-memory index of *this worker's* open effects (``deadline_index``:
+rebuilt from the table when faust reports the table recovered after a rebalance, forgotten when
+partitions are revoked) and sends a Timeout command through
 ``effects.events``, so the change happens inside the stream like any other event. Uncertain
 effects whose reconciler answered "unknown" are re-published to ``effects.uncertain`` when their
 backoff has passed, so a restarted reconciler loses no work.
 
-Claims: folding the first intent of an attempt (in the partition's order), the fold records a
-``Claimed`` verdict naming it, in the same table write (``effect.claim_verdict``); any later intent
-of that attempt is a lost claim. The verdict is never sent to a topic (nor accepted from one):
-lookups hand it to agents, and a fold of the same partition from scratch records the same.
+Lookup: ``GET /effects/{key}`` (``lookup_route``). The view listens on ``web_host`` only; bound
+beyond loopback it needs a token (``web_token``). faust's own pages (``/router``, ``/table``,
+statistics) are not served: they show the table's keys and the cluster's layout to whoever asks.
 
-Lookup: ``GET /effects/{key}`` is routed to the worker that owns the key's partition and answers
-only once the table has consumed that partition (of both source topics) up to the offsets the
-request names (``partition``, ``offset``, ``decisions_offset``: an agent names its own intent's
-offset to learn the verdict on its claim, or the high watermarks it read), or else up to the high
-watermarks seen when the request arrived (read-your-writes); after ``lookup_bound_s`` it answers 503
-"lagging". It hands out only events (an SDK copies them into its own ledger), and every answer
-names the ``effect_id`` it is about. The view listens on ``web_host`` only; bound beyond loopback it
-needs a token (``web_token``), and with a token every lookup must carry it
-(``Authorization: Bearer``), else 401. faust's own pages (``/router``, ``/table``, statistics) are
-not served: they show the table's keys and the cluster's layout to whoever asks.
+faust is tuned for throughput (``faust_settings``): no per-message sensors, larger fetches and
+buffers, a producer that lingers a little so records share requests. Private faust parts the
+processor still needs live in ``faust_internals``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import bisect
-import hmac
 import logging
-import struct
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -57,87 +58,29 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
-from effect_ledger.processors import retirement
+from effect_ledger.processors import faust_internals, retirement, table_value
+from effect_ledger.processors.batch import fold_key, group_by_key
+from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
+from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, throughput_settings
+from effect_ledger.processors.lookup_route import LookupRoute
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
-from effect_ledger.streams.effect import Effect, apply, claim_verdict, expire, to_state, uncertain_event
+from effect_ledger.streams.effect import Effect, expire, to_state, uncertain_event
 from effect_ledger.streams.errors import ConfigError
-from effect_ledger.streams.keyurl import key_url
-from effect_ledger.streams.lookup import TOKEN_ENV, FoldedThrough, folded_through_asked
-from effect_ledger.streams.model import IN_FLIGHT_STATES, Executed, Retirement, State, Timeout, is_event, misplaced
+from effect_ledger.streams.lookup import TOKEN_ENV
+from effect_ledger.streams.model import Event, Executed, Retirement, State, Timeout, misplaced
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
+from effect_ledger.streams.reconcile import Target
 from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.processor")
 
-# Table value: a small header (read without decoding the events, when the index is rebuilt), then
-# the effect's events, each length-prefixed in Avro single-object encoding.
-_HEADER = struct.Struct(">Bq")  # format version, due_ms (-1: nothing due)
-_LEN = struct.Struct(">I")
-_FORMAT = 1
+_CACHE_KEYS = 10_000  # decoded effects kept beside the table (the most recently written)
 
 
-def append_packed(previous: bytes | None, encoded_event: bytes, due_ms: int | None) -> bytes:
-    """The table value after one more event: the previous events' bytes untouched (the fold does
-    not depend on their order), the new event's bytes as they came from the topic, a new header."""
-    header = _HEADER.pack(_FORMAT, -1 if due_ms is None else due_ms)
-    body = previous[_HEADER.size :] if previous is not None else b""
-    return b"".join((header, body, _LEN.pack(len(encoded_event)), encoded_event))
-
-
-def unpack_due(value: bytes) -> int | None:
-    _, due = _HEADER.unpack_from(value)
-    return None if due < 0 else int(due)
-
-
-def encoded_events(value: bytes) -> list[bytes]:
-    """The events of a table value, each as its Avro single-object bytes."""
-    out = []
-    pos = _HEADER.size
-    while pos < len(value):
-        (n,) = _LEN.unpack_from(value, pos)
-        pos += _LEN.size
-        out.append(value[pos : pos + n])
-        pos += n
-    return out
-
-
-def unpack(value: bytes, decode: Any) -> Effect | None:
-    effect: Effect | None = None
-    for body in encoded_events(value):
-        ev = decode(body)
-        if is_event(ev):  # a table written before non-events were refused may hold one
-            effect, _ = apply(effect, ev)
-    return effect
-
-
-def event_bodies(value: bytes, decode: Any) -> list[bytes]:
-    """The bodies of a table value that are events: what a lookup may hand to an SDK, which copies
-    them into its own ledger."""
-    out = []
-    for body in encoded_events(value):
-        try:
-            if is_event(decode(body)):
-                out.append(body)
-        except codec_mod.DecodeError:
-            out.append(body)  # not ours to judge here: the SDK refuses an answer it cannot decode
-    return out
-
-
-def due_of(effect: Effect, targets: Mapping[str, Target], first_check_ms: int) -> int | None:
-    """When the timer must next look at this effect: the deadline of an open attempt, or the time to
-    ask the reconcilers again about an uncertain one, by its target's backoff
-    (``effect_ledger.streams.reconcile.next_check_ms``, the embedded runner's rule too); an effect
-    nobody answered about yet, ``first_check_ms`` after it became uncertain."""
-    if effect.state in IN_FLIGHT_STATES:
-        return effect.deadline_ms
-    if effect.state is State.UNCERTAIN:
-        target, _ = target_for(targets, target_name(effect))
-        due = next_check_ms(effect, target, effect.updated_ms)
-        return due if due is not None else effect.updated_ms + first_check_ms
-    return None
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
 
 @dataclass
@@ -157,6 +100,9 @@ class ProcessorSettings:
     # its uncertain effects; a target not declared here gets the default backoff.
     targets: Mapping[str, Target] = field(default_factory=dict)
     first_check_ms: int = 60_000  # re-publish an uncertain effect nobody has answered for this long
+    batch_max: int = BATCH_MAX  # most events folded in one batch
+    batch_within_s: float = BATCH_WITHIN_S  # how long a batch waits to fill
+    clock: Callable[[], int] = _wall_ms  # milliseconds since the epoch: deadlines, metrics
 
     @property
     def full_app_id(self) -> str:
@@ -206,6 +152,7 @@ class LedgerProcessor:
             table_standby_replicas=0,
             stream_wait_empty=False,
             producer_acks=-1,
+            **throughput_settings(),
         )
         raw: dict[str, Any] = {
             "key_type": bytes,
@@ -226,7 +173,7 @@ class LedgerProcessor:
             default=None,
             partitions=k.partitions,
             key_type=str,
-            value_type=bytes,  # the store picks the "raw" codec for bytes: our own encoding, untouched
+            value_type=bytes,  # the store picks the "raw" codec for bytes: table_value's encoding, untouched
             # RocksDB's defaults are per partition (a 64 MB write buffer x 3, a 2 GB block cache):
             # far more than a table of small values needs, and resident memory grows into them.
             options=(
@@ -241,58 +188,70 @@ class LedgerProcessor:
                 else None
             ),
         )
-        # key -> (partition, due_ms, last_sent_ms): this worker's effects that need the timer.
-        self.index: dict[str, tuple[int, int, int]] = {}
+        self.index = DeadlineIndex(grace_ms=settings.grace_ms)
         self.processed: dict[int, int] = {}  # partition -> last offset of effects.events folded
         self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
-        # partition -> (tick times, high watermarks then): where each partition stood at each tick
-        self._hw_samples: dict[int, tuple[list[int], list[int]]] = {}
-        self._indexed_assignment: frozenset[int] | None = None
         self._cache: dict[str, tuple[bytes, Effect]] = {}
-        self._progress: asyncio.Event | None = None  # set (and replaced) when an event was folded
+        self.route = LookupRoute(
+            partitions=k.partitions,
+            bound_s=settings.lookup_bound_s,
+            token=settings.web_token,
+            own_url=str(self.app.conf.canonical_url),
+            ready=lambda: self.ready,
+            assigned=self._assigned,
+            highwaters=self._lookup_highwaters,
+            folded=lambda p: (self.folded_through(p), self.folded_through(p, self.decisions.get_topic_name())),
+            load=self._load,
+            encode_event=lambda ev: self.codec.encode(ev, validate=False),
+            peers=lambda: faust_internals.peer_urls(self.app),
+            retired=self._retired_answer,
+        )
         self._register()
 
-    # -- the fold --------------------------------------------------------------------------
+    # -- wiring ----------------------------------------------------------------------------
 
     def _register(self) -> None:
         app = self.app
 
         @app.agent(self.sources, name="fold")
         async def fold(stream: Any) -> None:
-            async for event in stream.events():
-                await self.handle(event)
-
-        def rewind_uncommitted(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> Awaitable[None]:
-            return self.rewind_uncommitted()
-
-        # (mode's handler type names the signal's generic sender type, which a plain function here
-        # cannot spell; faust calls it as receiver(sender, signal=...) and awaits what it returns.)
-        app.on_rebalance_complete.connect(cast(Any, rewind_uncommitted))
+            async for batch in stream.take_events(self.s.batch_max, within=self.s.batch_within_s):
+                await self.handle_batch(batch)
 
         @app.timer(interval=self.s.timer_interval_s, name="deadlines")
         async def deadlines() -> None:
             await self.tick()
+
+        # The deadline index follows faust's signals: forgotten when partitions are revoked,
+        # rebuilt once the table has recovered the new assignment (before streams resume).
+        @self.table.on_recover
+        async def recovered() -> None:
+            faust_internals.hold_fetching_until_streams_resume(app)
+            self._rebuild_index(self._assigned())
+
+        # (mode's handler type names the signal's generic sender type, which a plain function here
+        # cannot spell; faust calls it as receiver(sender, signal=...) and awaits what it returns.)
+        def rewind(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> Awaitable[None]:
+            return self.rewind_uncommitted()
+
+        app.on_rebalance_complete.connect(cast(Any, rewind))
+
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
+        async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
+            self.index.forget()
 
         processor = self
 
         @app.page("/effects/{key}")
         class EffectPage(View):
             async def get(self, request: Request, key: str) -> Response:
-                if not processor.authorized(request):
-                    return self.json({"error": "a lookup token is required (Authorization: Bearer)"}, status=401)
-                # faust serves the web view before the worker owns partitions: until then nobody
-                # can say whether the table is complete.
-                if not processor.ready:
-                    return self.json({"lagging": True, "reason": "the processor is starting"}, status=503)
-                p = partition_for(key.encode(), processor.s.kafka.partitions)
-                asked = folded_through_asked(request.query, p)
-                if isinstance(asked, str):
-                    return self.json({"effect_id": key, "error": asked}, status=400)
-                if p in processor._assigned():
-                    return await processor.lookup(self, key, asked)
-                if request.query.get("owner-only"):
-                    return self.json({"not_owner": True, "partition": p}, status=421)
-                return await processor.forward(self, key, p, asked)
+                status, body = await processor.route.get(
+                    key,
+                    request.headers.get("Authorization", ""),
+                    bool(request.query.get("owner-only")),
+                    request.query,
+                )
+                return self.json(body, status=status)
 
         @app.page("/health")
         class Health(View):
@@ -300,8 +259,8 @@ class LedgerProcessor:
                 return self.json(
                     {
                         "ready": processor.ready,
-                        "in_recovery": bool(getattr(app, "in_recovery", True)),
-                        "partitions": sorted(processor._indexed_assignment or ()),
+                        "in_recovery": bool(app.in_recovery),
+                        "partitions": sorted(processor.index.assigned or ()),
                         "processed": processor.processed,
                         "open": len(processor.index),
                     }
@@ -311,14 +270,12 @@ class LedgerProcessor:
         """Put every source partition that has no committed offset back at its first record.
 
         faust sends ``on_rebalance_complete`` after table recovery, just before it seeks the
-        stream partitions to their committed offsets. The consumer may already have fetched
-        records of those partitions while recovery was running; faust drops them (the stream
-        is paused) and seeks the partitions back, but only the ones with a committed offset
-        (aiokafka's ``seek_to_committed`` skips a partition with none, or with 0). A worker
-        killed before its first commit therefore came back past records it never folded: its
-        restart skipped them for good (an intent never folded, a deadline never watched). The
-        group's policy for a partition without a commit is "from the earliest record": say it
-        with an explicit seek, which also drops whatever was fetched ahead."""
+        stream partitions to their committed offsets; aiokafka's ``seek_to_committed`` skips a
+        partition with none (or with 0), so records fetched ahead while recovery ran, and dropped,
+        would never be folded (a worker killed before its first commit restarted past them). The
+        group's policy for a partition without a commit is "from the earliest record": said here
+        with an explicit seek, which also drops whatever was fetched ahead. (The fetcher is held
+        during recovery too, ``faust_internals.hold_fetching_until_streams_resume``.)"""
         consumer: Any = self.app.consumer  # faust's Consumer (ConsumerT does not declare the seeks)
         sources = {self.events.get_topic_name(), self.decisions.get_topic_name()}
         tps = [tp for tp in consumer.assignment() if tp.topic in sources]
@@ -332,108 +289,129 @@ class LedgerProcessor:
         await consumer.seek_wait({tp: int(earliest.get(tp) or 0) for tp in fresh})
         log.debug("no committed offset: reading from the first record on %s", sorted(str(tp) for tp in fresh))
 
-    def authorized(self, request: Request) -> bool:
-        """No token configured (loopback only, see ``check_web``), or the request carries it."""
-        token = self.s.web_token
-        if not token:
-            return True
-        given = request.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
-
     @property
     def ready(self) -> bool:
-        """Recovered and owning its partitions (the deadline index was built after the last
-        rebalance)."""
+        """Recovered and owning its partitions (the deadline index was built for them)."""
         app = self.app
         return (
-            self._indexed_assignment is not None
-            and not getattr(app, "in_recovery", True)
+            self.index.assigned is not None
+            and not app.in_recovery
             and not app.rebalancing
-            and self._indexed_assignment == self._assigned()
+            and self.index.assigned == self._assigned()
         )
 
-    async def handle(self, event: Any) -> None:
+    def _assigned(self) -> frozenset[int]:
+        return frozenset(
+            tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name()
+        )
+
+    # -- the fold --------------------------------------------------------------------------
+
+    async def handle_batch(self, batch: list[Any]) -> None:
+        """Fold one batch from faust (see the module docstring for the order of writes)."""
+        decisions_topic = self.decisions.get_topic_name()
+        items: list[tuple[str, Any, Event]] = []
+        done: dict[tuple[bool, int], int] = {}
+        for event in batch:
+            msg = event.message
+            from_decisions = msg.topic == decisions_topic
+            done[(from_decisions, msg.partition)] = msg.offset
+            ev = await self._accept(event, from_decisions)
+            if isinstance(ev, Retirement):
+                # A command to the table (retention), applied in the stream's order: what came
+                # before it in the batch is folded first. Rare: a flush costs nothing.
+                for key, evs in group_by_key(items).items():
+                    await self._fold_key(key, evs)
+                items = []
+                with faust_internals.as_current_event(event):
+                    await retirement.apply(self, msg, ev)
+            elif ev is not None:
+                items.append((ev.effect_id, event, ev))
+        for key, evs in group_by_key(items).items():
+            await self._fold_key(key, evs)
+        for (from_decisions, p), offset in done.items():
+            (self.processed_decisions if from_decisions else self.processed)[p] = offset
+
+    async def _accept(self, event: Any, from_decisions: bool) -> Event | Retirement | None:
+        """The event in a record, or None when it was dead-lettered."""
         msg = event.message
-        from_decisions = msg.topic == self.decisions.get_topic_name()
-        (self.processed_decisions if from_decisions else self.processed)[msg.partition] = msg.offset
-        if self._progress is not None:
-            # Lookups waiting for this offset run at this handler's first await, after the table write.
-            self._progress.set()
-            self._progress = None
         try:
             ev = self.codec.decode(event.value)
         except codec_mod.DecodeError as e:
             await self.dead_letter(msg, str(e))
-            return
+            return None
         if self.metrics is not None:
             self.metrics.events.labels(kind=type(ev).__name__).inc()
         if isinstance(ev, Retirement) and not from_decisions:
-            await retirement.apply(self, msg, ev)  # a command to the table, not a fact (retention)
-            return
+            return ev  # a retention command (``retirement.apply`` checks its key)
         why = misplaced(ev, decisions_topic=from_decisions)
         if why is not None:
             # Folded, a state record or a reconcilers' work item would be taken for a fact about
             # the key and poison every later event of it; a DeadLetter has no key at all.
             await self.dead_letter(msg, why)
-            return
+            return None
         key = ev.effect_id
         if msg.key is not None and msg.key != key.encode():
             await self.dead_letter(msg, f"record key {msg.key!r} is not its effect_id {key!r}")
-            return
+            return None
         if from_decisions and msg.partition != partition_for(key.encode(), self.s.kafka.partitions):
             # The table keeps a key in its events partition: a decision elsewhere would be folded
             # into a copy of the effect that no lookup and no timer ever reads.
             await self.dead_letter(msg, f"decision for {key!r} on partition {msg.partition}, not the key's")
-            return
-        try:
+            return None
+        return ev  # type: ignore[return-value]
+
+    async def _fold_key(self, key: str, evs: list[tuple[Any, Event]]) -> None:
+        last = evs[-1][0]
+        part = last.message.partition
+        # The table reads and writes the partition of faust's current event: this key's.
+        with faust_internals.as_current_event(last):
             previous = self.table.get(key)
-            if previous is not None and retirement.is_marker(previous):
-                await self.dead_letter(msg, retirement.refusal(previous))  # a retired key stays retired
+            if retirement.is_marker(previous):
+                assert previous is not None
+                for event, _ev in evs:  # a retired key stays retired: nothing brings it back
+                    await self.dead_letter(event.message, retirement.refusal(previous))
                 return
-            before = self._load(key, previous)
-            after, emitted = apply(before, ev)
-            # The first intent of an attempt in the partition's order owns it: record that verdict
-            # now, as a fact in the same table write (a later intent of the attempt gets none).
-            verdict = claim_verdict(after, ev) if after is not before else None
-            if verdict is not None:
-                after, more = apply(after, verdict)
-                emitted += more
-        except Exception as e:  # a record that cannot be applied must not stop the partition
-            await self.dead_letter(msg, f"cannot apply: {type(e).__name__}: {e}")
-            return
-        if after is before:
-            # Already folded — most often a replay after a crash, which may have come after the
-            # table write but before its changelog record and the state were delivered. Both
-            # writes are idempotent: write them again rather than risk them being lost.
-            if previous is not None:
-                self.table[key] = previous
-                st = to_state(before)
-                await self.state_topic.send(
-                    key=key.encode(),
-                    value=self.codec.encode(st, validate=False),
-                    headers=[self.codec.header(st)],
-                    partition=msg.partition,
-                )
-            return
+            try:
+                before = self._load(key, previous) if previous is not None else None
+            except Exception as e:  # a value this release cannot read must not stop the partition
+                for event, _ev in evs:
+                    await self.dead_letter(event.message, f"cannot read the table value: {type(e).__name__}: {e}")
+                return
+            due: list[int | None] = [None]
+
+            def encode(effect: Effect) -> bytes:
+                due[0] = due_of(effect, self.s.targets, self.s.first_check_ms)
+                return table_value.encode(effect, due[0])
+
+            result = fold_key(before, evs, encode)
+            for event, reason in result.rejected:
+                await self.dead_letter(event.message, reason)
+            after = result.after
+            if result.value is None or after is None:
+                if previous is not None and before is not None:
+                    # Already folded — most often a replay after a crash, which may have come after
+                    # the table write but before its changelog record and the state were
+                    # delivered. Both writes are idempotent: write them again rather than risk
+                    # them being lost.
+                    self.table[key] = previous
+                    await self._publish(key, before, (), part)
+                return
+            self.table[key] = result.value
         if self.metrics is not None:
-            self._observe(before, after, ev)
-        due = due_of(after, self.s.targets, self.s.first_check_ms)
-        value = append_packed(previous, bytes(event.value), due)
-        if verdict is not None:
-            value = append_packed(value, self.codec.encode(verdict), due)
-        self.table[key] = value
-        self._cache[key] = (value, after)
-        if len(self._cache) > 10_000:
+            for b, a, ev in result.steps:
+                self._observe(b, a, ev)
+        self._cache[key] = (result.value, after)
+        if len(self._cache) > _CACHE_KEYS:
             self._cache.pop(next(iter(self._cache)))
-        if due is None:
-            self.index.pop(key, None)
-        else:
-            self.index[key] = (msg.partition, due, 0)
-        kb = key.encode()
-        st = to_state(after)
+        self.index.set(key, part, due[0])
+        await self._publish(key, after, result.emitted, part)
+
+    async def _publish(self, key: str, effect: Effect, emitted: Any, part: int) -> None:
         # The outputs are co-partitioned with effects.events (same key, same partition count):
         # naming the partition saves the producer a pure-Python murmur2 per record.
-        part = msg.partition
+        kb = key.encode()
+        st = to_state(effect)
         await self.state_topic.send(
             key=kb, value=self.codec.encode(st, validate=False), headers=[self.codec.header(st)], partition=part
         )
@@ -451,25 +429,34 @@ class LedgerProcessor:
             m.unrecorded_window.observe(max(0, ev.at_ms - ev.call_ended_ms) / 1000)
         if after.state is State.UNCERTAIN and was is not State.UNCERTAIN and isinstance(ev, Timeout):
             if before is not None and before.deadline_ms is not None:
-                m.detection_latency.observe(max(0, int(time.time() * 1000) - before.deadline_ms) / 1000)
+                m.detection_latency.observe(max(0, self.s.clock() - before.deadline_ms) / 1000)
             m.uncertain.labels(target=target).inc()
         if after.state is State.ESCALATED and was is not State.ESCALATED:
             m.escalated.labels(target=target).inc()
 
     def _load(self, key: str, value: bytes | None = None) -> Effect | None:
+        """The folded effect of ``key``: from ``value`` (read by the fold, in the key's partition),
+        else read from the table by key alone (lookups, the timer)."""
         if value is None:
-            value = self.table.get(key)
-        if value is None:
-            return None
+            with faust_internals.no_current_event():
+                value = self.table.get(key)
+        if value is None or retirement.is_marker(value):
+            return None  # unknown, or retired (the lookup answers 410 for it: ``_retired_answer``)
         cached = self._cache.get(key)
         if cached is not None and cached[0] == value:
             return cached[1]
-        return unpack(value, self.codec.decode)
+        return table_value.decode(value, self.codec.decode)
+
+    def _retired_answer(self, key: str) -> dict[str, Any] | None:
+        """The lookup's answer (410) for a retired key, or None."""
+        with faust_internals.no_current_event():
+            value = self.table.get(key)
+        return retirement.lookup_answer(key, value) if value is not None and retirement.is_marker(value) else None
 
     async def dead_letter(self, msg: Any, reason: str) -> None:
         log.warning("dead letter %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, reason[:500])
         dl, dlq_key = bounded_dead_letter(
-            int(time.time() * 1000),
+            self.s.clock(),
             self.s.full_app_id,
             msg.topic,
             msg.partition,
@@ -486,59 +473,37 @@ class LedgerProcessor:
 
     # -- deadlines -------------------------------------------------------------------------
 
-    def _assigned(self) -> frozenset[int]:
-        return frozenset(
-            tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name()
-        )
-
     async def tick(self) -> None:
-        if getattr(self.app, "in_recovery", False) or self.app.rebalancing:
+        if not self.ready:
             return  # the table is not complete yet: a deadline could fire on stale state
-        assigned = self._assigned()
-        if assigned != self._indexed_assignment:
-            self._rebuild_index(assigned)
-        # A deadline fires only once the partition is folded up to where it stood when the
-        # deadline (plus grace) passed: an outcome produced before then must be seen first (a
-        # timeout after it would change nothing in the fold, but be a false fact in the audit).
+        assigned = self.index.assigned or frozenset()
         topic = self.events.get_topic_name()
         tps = [TP(topic, p) for p in sorted(assigned)]
-        now = int(time.time() * 1000)
+        now = self.s.clock()
         hws = await self._highwaters(tps)
-        for tp in tps:
-            samples = self._hw_samples.setdefault(tp.partition, ([], []))
-            samples[0].append(now)
-            samples[1].append(int(hws.get(tp) or 0))
-            if len(samples[0]) > 2000:  # keep a few minutes of ticks
-                del samples[0][:1000], samples[1][:1000]
+        self.index.record_highwaters(now, {tp.partition: int(hws.get(tp) or 0) for tp in tps})
         if self.metrics is not None:
             self._gauges(tps, hws, now)
-        resend_after = 5000
-        for key, (partition, due, sent) in list(self.index.items()):
-            times, marks = self._hw_samples.get(partition, ([], []))
-            i = bisect.bisect_left(times, due + self.s.grace_ms)
-            if i == len(times) or self.folded_through(partition) < marks[i] - 1:
-                continue  # not due yet, or events from before the deadline are still unfolded
-            if due + self.s.grace_ms > now or (sent and now - sent < resend_after):
-                continue
+        for key, entry in self.index.due(now, self.folded_through):
             effect = self._load(key)
             if effect is None:
-                self.index.pop(key, None)
+                self.index.discard(key)
                 continue
             kb = key.encode()
             if effect.state is State.UNCERTAIN:
                 # Ask the reconcilers again; if nobody answers, again after first_check_ms.
                 u = uncertain_event(effect)
                 await self.uncertain.send(
-                    key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)], partition=partition
+                    key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)], partition=entry.partition
                 )
-                self.index[key] = (partition, now + self.s.first_check_ms, now)
+                self.index.mark_sent(key, entry.partition, now + self.s.first_check_ms, now)
             else:
-                # A timeout command; sent again after resend_after if it was not folded by then.
+                # A timeout command; sent again after RESEND_AFTER_MS if it was not folded by then.
                 for t in expire(effect, now):
                     await self.events.send(
-                        key=kb, value=self.codec.encode(t), headers=[self.codec.header(t)], partition=partition
+                        key=kb, value=self.codec.encode(t), headers=[self.codec.header(t)], partition=entry.partition
                     )
-                self.index[key] = (partition, due, now)
+                self.index.mark_sent(key, entry.partition, entry.due_ms, now)
 
     def _gauges(self, tps: list[TP], hws: dict[TP, int], now: int) -> None:
         """Lag per partition from the high watermarks the timer fetched anyway; the open effects
@@ -548,7 +513,7 @@ class LedgerProcessor:
             lag = int(hws.get(tp) or 0) - self.folded_through(tp.partition) - 1
             m.consumer_lag.labels(topic=tp.topic, partition=str(tp.partition)).set(max(0, lag))
         m.open_effects.set(len(self.index))
-        oldest = min((due for _p, due, _s in self.index.values()), default=None)
+        oldest = self.index.oldest_due()
         m.oldest_overdue.set(max(0, now - oldest - self.s.grace_ms) / 1000 if oldest is not None else 0)
 
     async def _highwaters(self, tps: list[TP]) -> dict[TP, int]:
@@ -570,123 +535,36 @@ class LedgerProcessor:
             out.update({tp: int(v or 0) for tp, v in (await self.app.consumer.highwaters(*missing)).items()})
         return out
 
+    async def _lookup_highwaters(self, p: int) -> tuple[int, int]:
+        tp = TP(self.events.get_topic_name(), p)
+        dtp = TP(self.decisions.get_topic_name(), p)
+        hws = await self.app.consumer.highwaters(tp, dtp)
+        return int(hws.get(tp) or 0), int(hws.get(dtp) or 0)
+
     def _rebuild_index(self, assigned: frozenset[int]) -> None:
         n = self.s.kafka.partitions
-        index = {}
-        for key, value in self.table.items():
-            due = unpack_due(value)
-            if due is not None:
-                p = partition_for(key.encode(), n)
-                if p in assigned:
-                    index[key] = (p, due, 0)
-        self.index = index
-        self._indexed_assignment = assigned
+        self.index.rebuild(
+            ((key, table_value.due_of_value(value)) for key, value in self.table.items()),
+            assigned,
+            lambda key: partition_for(key.encode(), n),
+        )
         # Everything before a partition's committed offset was folded before the commit (faust
         # commits after processing): count it as processed, or a partition with nothing new to
-        # read would look lagging for ever, to lookups and to the deadline gate. (faust keeps the
-        # offsets it sought to after the rebalance in Consumer._committed_offset.)
+        # read would look lagging for ever, to lookups and to the deadline gate.
         for p in assigned:
             self.processed[p] = self.folded_through(p)
             self.processed_decisions[p] = self.folded_through(p, self.decisions.get_topic_name())
-        log.info("deadline index rebuilt: %d open effects on partitions %s", len(index), sorted(assigned))
+        log.info("deadline index rebuilt: %d open effects on partitions %s", len(self.index), sorted(assigned))
 
     def folded_through(self, partition: int, topic: str | None = None) -> int:
         """The last offset of ``effects.events[partition]`` (or of ``topic``: effects.decisions)
         known to be in the table: what this worker folded, or what the group committed (faust
-        commits only after processing; it keeps the offsets in Consumer._committed_offset after
-        seeking there on assignment)."""
+        commits only after processing)."""
         events = self.events.get_topic_name()
         topic = topic or events
         done = (self.processed if topic == events else self.processed_decisions).get(partition, -1)
-        committed = getattr(self.app.consumer, "_committed_offset", {}).get(TP(topic, partition))
-        return max(done, int(committed) - 1) if committed else done
-
-    # -- lookup ----------------------------------------------------------------------------
-
-    async def forward(self, view: View, key: str, partition: int, asked: FoldedThrough | None = None) -> Response:
-        """Ask the other workers for a key this one does not own. The owner is found by asking:
-        it is whoever owns the key's partition of effects.events (faust's own table routing goes
-        by the changelog's assignment, which is not always the same worker)."""
-        import aiohttp
-
-        own = self.app.conf.canonical_url
-        urls = {str(u) for u in getattr(self.app.assignor, "_tps_url", {}).values()} - {str(own)}
-        timeout = aiohttp.ClientTimeout(total=self.s.lookup_bound_s + 5)
-        # The workers of one app share the token (one setting for the cluster).
-        headers = {"Authorization": f"Bearer {self.s.web_token}"} if self.s.web_token else {}
-        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
-            for url in sorted(urls):
-                template = url.rstrip("/").replace("{", "{{").replace("}", "}}") + "/effects/{key}?owner-only=1"
-                if asked is not None:
-                    template += asked.query()
-                try:
-                    async with session.get(key_url(template, key), allow_redirects=False) as r:
-                        if r.status == 421:
-                            continue
-                        return view.json(await r.json(content_type=None), status=r.status)
-                except (aiohttp.ClientError, TimeoutError, ValueError):
-                    continue
-        return view.json(
-            {"lagging": True, "partition": partition, "reason": "no worker owns the partition right now"}, status=503
-        )
-
-    async def lookup(self, view: View, key: str, asked: FoldedThrough | None = None) -> Response:
-        """Answer once the key's partition is folded through the offsets the agent asked for (the
-        offset of its own intent: a claim answer), or else through the high watermarks now."""
-        p = partition_for(key.encode(), self.s.kafka.partitions)
-        tp = TP(self.events.get_topic_name(), p)
-        dtp = TP(self.decisions.get_topic_name(), p)  # a decision acknowledged before the request counts too
-        if asked is not None:
-            # The agent knows what it waits for: no broker round trip (which queues behind the
-            # consumer's fetch long-poll, ~1 s).
-            hw, dhw = asked.events + 1, asked.decisions + 1
-        else:
-            hws = await self.app.consumer.highwaters(tp, dtp)
-            hw, dhw = int(hws.get(tp) or 0), int(hws.get(dtp) or 0)
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + self.s.lookup_bound_s
-        while self.folded_through(p) < hw - 1 or self.folded_through(p, dtp.topic) < dhw - 1:
-            if loop.time() >= give_up:
-                return view.json(
-                    {
-                        "lagging": True,
-                        "partition": p,
-                        "high_watermark": hw,
-                        "processed": self.folded_through(p),
-                        "owned": p in self._assigned(),
-                    },
-                    status=503,
-                )
-            await self._folded_more(min(0.05, give_up - loop.time()))
-        value = self.table.get(key)
-        if value is None:
-            return view.json({"effect_id": key, "known": False, "partition": p, "high_watermark": hw}, status=404)
-        if retirement.is_marker(value):
-            return view.json(retirement.lookup_answer(key, value), status=410)
-        effect = self._load(key)
-        assert effect is not None
-        st = to_state(effect)
-        return view.json(
-            {
-                "effect_id": key,
-                "known": True,
-                "state": st.state.value,
-                "attempt": st.attempt,
-                "version": st.version,
-                "receipt_id": st.receipt_id,
-                "events": [base64.b64encode(b).decode() for b in event_bodies(value, self.codec.decode)],
-            }
-        )
-
-
-    async def _folded_more(self, timeout: float) -> None:
-        """Wait until the fold has handled another event (or ``timeout`` s)."""
-        if self._progress is None:
-            self._progress = asyncio.Event()
-        try:
-            await asyncio.wait_for(self._progress.wait(), max(0.0, timeout))
-        except TimeoutError:
-            pass
+        committed = faust_internals.committed_offset(self.app, topic, partition)
+        return max(done, committed - 1) if committed is not None else done
 
 
 def faust_credentials(k: KafkaConfig) -> Any:

@@ -4,7 +4,7 @@ A ``Retirement`` command arrives on ``effects.events`` (written by ``effects ret
 stream, as every table write must be, the processor checks it against the table (the effect is
 still closed, at the version the sweep saw, and old enough at the command's time), then:
 
-1. replaces the key's table value with a *retired marker* (the table's value format 2: the usual
+1. replaces the key's table value with a *retired marker* (the table's value format 3: the usual
    header, due "never", then the marker's JSON; a few hundred bytes instead of every event);
 2. forgets the key in its caches and its deadline index;
 3. writes a tombstone (a null value) for the key to ``effects.state``: the SQL sink deletes the row,
@@ -27,7 +27,7 @@ from effect_ledger.streams.retention import Retired, why_not
 log = logging.getLogger("effect_ledger.processor")
 
 _HEADER = struct.Struct(">Bq")  # the processor table value's header: format, due_ms (-1: nothing due)
-MARKER_FORMAT = 2
+MARKER_FORMAT = 3  # the table value's formats: 1 and 2 hold an effect (processors/table_value.py)
 
 
 def marker_value(marker: Retired) -> bytes:
@@ -92,7 +92,7 @@ async def apply(processor: Any, msg: Any, cmd: Retirement) -> None:
         )
         processor.table[key] = marker_value(marker)
         processor._cache.pop(key, None)
-        processor.index.pop(key, None)
+        processor.index.discard(key)
     # The tombstone (again, for a replayed command: it may be what the crash lost).
     await processor.state_topic.send(key=key.encode(), value=None, partition=msg.partition)
 

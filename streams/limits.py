@@ -33,6 +33,11 @@ MAX_RECEIPT_ID_BYTES = 1024  # a receipt id; from a caller: refused, from a targ
 MAX_TEXT_BYTES = 4096  # a person's by/reason (refused over it); error texts, reasons (truncated)
 MAX_EVENT_BYTES = 1_000_000  # an encoded event; the relay dead-letters a row over it without sending
 MAX_DEAD_LETTER_COPY_BYTES = 64 * 1024  # the copy of a dead-lettered row's value on effects.dlq
+# A processor table value (one folded effect, processors/table_value.py): it keeps one request and
+# one receipt value (each bounded above) plus the facts without their payloads, and must fit in one
+# changelog record under Kafka's 1,000,000-byte producer default with room for key and headers. The
+# processor dead-letters an event that would make a value larger, rather than write it.
+MAX_TABLE_VALUE_BYTES = 900_000
 _HEAD_BYTES = 4096  # what an oversized receipt value keeps of its JSON, beside the digest
 _REPR_BYTES = 16 * 1024  # what a value that is not JSON keeps of its repr
 

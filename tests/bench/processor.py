@@ -1,17 +1,18 @@
-"""processor_throughput and memory: the ledger processor (``effects worker``, faust, rocksdb://) as a
-child process folding a pre-filled ``effects.events``.
+"""processor_throughput and memory: the ledger processor (``effects worker``, faust, rocksdb://) as
+child processes folding ``effects.events``.
 
-processor_throughput, per repetition, on a fresh topic set:
+processor_throughput, per repetition, every figure measured in the same repetition (the machine is
+shared: only same-run ratios mean something):
 
-1. a bare producer fills ``effects.events`` with N events (intent + executed + receipt of N/3
-   effects: each effect ends CONFIRMED, no deadline fires);
-2. raw limit: a bare confluent-kafka consumer reads them back, decodes each and folds it
-   (``effect_ledger.streams.effect.apply``) into a dict, without publishing; events/s from its first record to its
-   last;
-3. a Processor starts; the figure is events/s from the first record on ``effects.state`` to the last
-   (their broker timestamps; the worker's start-up is excluded). A full fold publishes one state per
-   event, so the run ends when ``effects.state`` holds N records, or after a time cap (then the
-   figure is the rate over the records published so far, and ``completed`` says so).
+1. faust's bare ceiling: faust delivering a pre-filled ``effects.events`` to an agent that does
+   nothing (``tests.bench.faust_ceiling``), and a bare consumer's decode + fold (raw fold);
+2. 1 worker: a processor starts on empty topics; once it owns the partitions, a bare producer
+   writes N events (``layout``: each effect's intent, and its executed + receipt 3,000 effects
+   later, so no key's events share a batch); events/s from the first event folded to the last, as
+   the worker's health view reports them (``processed``), capped at a time limit;
+3. 2 workers: the same with two processors of one group sharing the partitions; ratio to 1 worker;
+4. the previous processor (one event at a time, before batching: ``tests.bench.previous_worker``,
+   read from git), the same way; ratio of 1 worker to it.
 
 memory: one longer run over up to 1,000,000 effects (3 events each; --quick: 100,000); VmRSS of the
 worker sampled as it folds, reported after the last sample with the number of effects folded, the
@@ -22,10 +23,10 @@ projection to the full count when the time budget ended the run first.
 from __future__ import annotations
 
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -37,33 +38,55 @@ from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import Effect, apply
 from tests.bench.common import (
+    ROOT,
     BenchResult,
     Context,
     EventFactory,
     Metric,
-    Watermarks,
     bare_producer,
     cpu_seconds,
     fmt,
     produce_all,
     rss_mb,
 )
+from tests.bench.previous_worker import PREVIOUS_REV
 
-TARGET_EVENTS_PER_S = 10_000.0
+TARGET_EVENTS_PER_S = 6_000.0  # per worker (issue 11)
+TARGET_OF_CEILING = 0.55  # of faust delivering the same records to an agent that does nothing
+TARGET_TWO_WORKERS = 1.6  # 2 workers vs 1
 EVENTS_PER_EFFECT = 3
 STARTUP_TIMEOUT = 120.0
+SPREAD = 3000  # effects between an effect's intent and its outcome in the stream (beyond one batch)
+
+
+def layout(effects: int, first: int = 0, spread: int = SPREAD) -> list[tuple[int, int]]:
+    """(effect, event kind) in stream order: effect i's intent, then — ``spread`` effects later —
+    its executed and receipt together, as an agent writes them when its call returns. No key's
+    events share a batch of the processor, so each effect is written twice (the harder case)."""
+    out: list[tuple[int, int]] = []
+    for j in range(first, first + effects + spread):
+        if j < first + effects:
+            out.append((j, 0))
+        if j - spread >= first:
+            out += [(j - spread, 1), (j - spread, 2)]
+    return out
 
 
 def prefill(cfg: KafkaConfig, factory: EventFactory, effects: int, first: int = 0) -> int:
-    """Write ``effects`` complete effects (intent, executed, receipt) to effects.events; returns the
-    number of events."""
+    """Write ``effects`` complete effects (intent, executed, receipt; see ``layout``) to
+    effects.events; returns the number of events."""
     p = bare_producer(cfg)
-    records = (
-        (key, value, headers)
-        for i in range(first, first + effects)
-        for key, value, _, headers in factory.bodies(i, EVENTS_PER_EFFECT)
-    )
-    return produce_all(p, cfg.topics.events, records)
+    cache: dict[int, list[tuple[bytes, bytes, str, Any]]] = {}
+
+    def records() -> Any:
+        for i, kind in layout(effects, first):
+            bodies = cache.get(i) or cache.setdefault(i, factory.bodies(i, EVENTS_PER_EFFECT))
+            key, value, _, headers = bodies[kind]
+            if kind == 2:
+                cache.pop(i, None)
+            yield key, value, headers
+
+    return produce_all(p, cfg.topics.events, records())
 
 
 def raw_fold(cfg: KafkaConfig, n: int, timeout: float = 120.0) -> float:
@@ -112,6 +135,36 @@ def faust_ceiling(cfg: KafkaConfig, n: int, timeout: float = 180.0) -> float:
     return float(out.read_text()) if out.exists() else float("nan")
 
 
+class PreviousProcessor(Processor):
+    """The processor before batching (``tests.bench.previous_worker``), same arguments."""
+
+    def __init__(self, cfg: KafkaConfig, data_dir: Path, module_dir: Path) -> None:
+        super().__init__(cfg, data_dir)
+        self.module_dir = module_dir
+
+    def start(self) -> PreviousProcessor:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.bench.previous_worker", "--module-dir", str(self.module_dir), *self.args],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT,
+        )  # fmt: skip
+        return self
+
+
+def previous_module(wd: Path) -> Path | None:
+    """A folder holding the processor before batching as ``previous_processor.py`` (None: git cannot
+    show it, e.g. outside a clone)."""
+    r = subprocess.run(["git", "show", f"{PREVIOUS_REV}:processors/processor.py"], cwd=ROOT,
+                       capture_output=True, timeout=30, check=False)  # fmt: skip
+    if r.returncode != 0:
+        return None
+    d = wd / "previous"
+    d.mkdir(exist_ok=True)
+    (d / "previous_processor.py").write_bytes(r.stdout)
+    return d
+
+
 def start_processor(ctx: Context, cfg: KafkaConfig, wd: Path, tag: str) -> Processor:
     proc = Processor(cfg, wd / f"data-{tag}")
     proc.start()
@@ -123,87 +176,142 @@ def _log_tail(proc: Processor) -> str:
     return proc.log()[-3000:]
 
 
-def wait_first_state(proc: Processor, wm: Watermarks, t_start: float) -> float:
-    """Poll until effects.state has a record; returns the wall time it was seen."""
-    while True:
-        if not proc.alive:
-            raise RuntimeError(f"the processor exited:\n{_log_tail(proc)}")
-        if wm.total() > 0:
-            return time.monotonic()
-        if time.monotonic() - t_start > STARTUP_TIMEOUT:
-            raise TimeoutError(f"no state published {STARTUP_TIMEOUT:.0f} s after start:\n{_log_tail(proc)}")
+def events_folded(procs: list[Processor]) -> tuple[int, frozenset[int]]:
+    """Events folded so far by ``procs`` together (per partition the furthest any of them reports),
+    and the partitions they own."""
+    best: dict[str, int] = {}
+    owned: set[int] = set()
+    for proc in procs:
+        h = proc.health() or {}
+        for p, off in (h.get("processed") or {}).items():
+            best[p] = max(best.get(p, -1), int(off))
+        if h.get("ready"):
+            owned.update(h.get("partitions") or ())
+    return sum(o + 1 for o in best.values()), frozenset(owned)
+
+
+def wait_all_ready(procs: list[Processor], partitions: int, timeout: float = STARTUP_TIMEOUT) -> None:
+    """Every worker ready, the partitions split among them (each owns some)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        for proc in procs:
+            if not proc.alive:
+                raise RuntimeError(f"the processor exited:\n{_log_tail(proc)}")
+        hs = [proc.health() or {} for proc in procs]
+        parts = [frozenset(h.get("partitions") or ()) for h in hs]
+        if all(h.get("ready") for h in hs) and all(parts) and sum(len(p) for p in parts) == partitions:
+            return
         time.sleep(0.1)
+    raise TimeoutError(f"workers not ready with the partitions split after {timeout} s:\n{_log_tail(procs[0])}")
+
+
+def fold_rate(ctx: Context, procs: list[Processor], cfg: KafkaConfig, factory: EventFactory, effects: int,
+              cap: float) -> tuple[float, int, float]:  # fmt: skip
+    """Start ``procs`` on ``cfg``'s empty topics, wait until they own the partitions, then fill
+    effects.events and time the fold from the first event folded to the last (or ``cap`` s of
+    folding). Returns (events/s, events folded, worker CPU ms per event)."""
+    for proc in procs:
+        proc.start()
+        ctx.on_cleanup(proc.kill)
+    try:
+        wait_all_ready(procs, cfg.partitions)
+        base, _ = events_folded(procs)
+        pids = [proc.proc.pid for proc in procs if proc.proc is not None]
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
+        filler = threading.Thread(target=prefill, args=(cfg, factory, effects))
+        filler.start()
+        total = effects * EVENTS_PER_EFFECT
+        t_first = count = 0.0
+        n = base
+        end = time.monotonic() + cap + 60
+        while time.monotonic() < end:
+            n, _ = events_folded(procs)
+            now = time.monotonic()
+            if not t_first and n > base:
+                t_first, count = now, n
+                end = now + cap
+            if n - base >= total:
+                break
+            for proc in procs:
+                if not proc.alive:
+                    raise RuntimeError(f"the processor exited:\n{_log_tail(proc)}")
+            time.sleep(0.05)
+        t_last = time.monotonic()
+        cpu1 = sum(cpu_seconds(pid) for pid in pids)
+        filler.join(120)
+    finally:
+        for proc in procs:
+            proc.kill()
+    done = int(n - base)
+    rate = (n - count) / (t_last - t_first) if t_first and t_last > t_first else float("nan")
+    return rate, done, (cpu1 - cpu0) * 1000 / max(1, done)
 
 
 def run_throughput(ctx: Context) -> BenchResult:
-    n = ctx.size(100_000, 30_000)
-    n -= n % EVENTS_PER_EFFECT
-    cap = ctx.size(20.0, 8.0)  # seconds of folding per repetition at most
+    effects = ctx.size(30_000, 12_000)
+    cap = ctx.size(20.0, 10.0)  # seconds of folding per measurement at most
     wd = ctx.workdir("proc")
     factory = EventFactory()
     factory.check()
-    m = Metric(
-        "events folded and published", "events/s", [], higher_is_better=True, target=TARGET_EVENTS_PER_S,
-        raw_what="bare consumer: decode + apply into a dict, events/s",
+    previous = previous_module(wd)
+    one = Metric(
+        "events folded and published, 1 worker", "events/s", [], higher_is_better=True,
+        target=TARGET_EVENTS_PER_S, ratio_target=TARGET_OF_CEILING,
+        raw_what="faust delivering the same records to an agent that does nothing, events/s (same run)",
     )  # fmt: skip
-    startup, completed, cpu_ms, counts = [], [], [], []
-    ceiling: list[float] = []
+    two = Metric("2 workers vs 1 (same run)", "x", [], higher_is_better=True, target=TARGET_TWO_WORKERS)
+    prev = Metric("batched vs the previous processor (same run)", "x", [], higher_is_better=True)
+    raws, twos, prevs, cpu, cpu2 = [], [], [], [], []
     for rep in range(ctx.reps):
+        # One topic set per measurement (a fresh group folds from the start), in the same rep.
         cfg = ctx.kafka("proc")
-        t = time.monotonic()
-        events = prefill(cfg, factory, n // EVENTS_PER_EFFECT)
-        ctx.progress(f"processor rep {rep + 1}/{ctx.reps}: {events} events written in {time.monotonic() - t:.1f} s")
-        raw = raw_fold(cfg, events)
-        m.raw_limit_runs.append(raw)
-        ceiling.append(faust_ceiling(cfg, events))
-        wm = Watermarks(cfg, cfg.topics.state)
-        try:
-            t_start = time.monotonic()
-            proc = start_processor(ctx, cfg, wd, f"r{rep}")
-            t_first = wait_first_state(proc, wm, t_start)
-            assert proc.proc is not None
-            pid = proc.proc.pid
-            cpu0 = cpu_seconds(pid)
-            startup.append(t_first - t_start)
-            while time.monotonic() - t_first < cap:
-                if wm.total() >= events:
-                    break
-                if not proc.alive:
-                    raise RuntimeError(f"the processor exited:\n{_log_tail(proc)}")
-                time.sleep(0.25)
-            cpu1 = cpu_seconds(pid)
-            first_ms, last_ms, count = wm.time_span_ms()
-            proc.kill()
-        finally:
-            wm.close()
-        rate = (count - 1) / ((last_ms - first_ms) / 1000) if last_ms > first_ms else float("nan")
-        m.runs.append(rate)
-        completed.append(count >= events)
-        counts.append(count)
-        cpu_ms.append((cpu1 - cpu0) * 1000 / max(1, count))
-        ctx.progress(
-            f"processor rep {rep + 1}/{ctx.reps}: {fmt(rate)} events/s ({count}/{events} states in "
-            f"{(last_ms - first_ms) / 1000:.1f} s, start-up {startup[-1]:.1f} s, "
-            f"{cpu_ms[-1]:.2f} ms worker CPU/event); raw fold {fmt(raw)} events/s"
-        )
+        events = prefill(cfg, factory, effects)
+        raws.append(raw_fold(cfg, events))
+        one.raw_limit_runs.append(faust_ceiling(cfg, events))
         ctx.drop(cfg)
-    m.extra = {
-        "events_written": n,
-        "states_published": counts,
-        "completed": completed,
+        cfg = ctx.kafka("proc1")
+        r1, n1, c1 = fold_rate(ctx, [Processor(cfg, wd / f"one-{rep}")], cfg, factory, effects, cap)
+        ctx.drop(cfg)
+        one.runs.append(r1)
+        cpu.append(c1)
+        cfg = ctx.kafka("proc2")
+        procs = [Processor(cfg, wd / f"two-{rep}-{i}") for i in range(2)]
+        r2, n2, c2 = fold_rate(ctx, procs, cfg, factory, effects, cap)
+        ctx.drop(cfg)
+        two.runs.append(r2 / r1)
+        twos.append(r2)
+        cpu2.append(c2)
+        line = (
+            f"processor rep {rep + 1}/{ctx.reps}: 1 worker {fmt(r1)} events/s ({n1} events, {c1:.2f} ms CPU/event), "
+            f"faust bare {fmt(one.raw_limit_runs[-1])} ({r1 / one.raw_limit_runs[-1]:.2f}x), raw fold {fmt(raws[-1])}; "
+            f"2 workers {fmt(r2)} events/s "
+            f"({r2 / r1:.2f}x)"
+        )
+        if previous is not None:
+            cfg = ctx.kafka("prev")
+            rp, np_, _ = fold_rate(ctx, [PreviousProcessor(cfg, wd / f"prev-{rep}", previous)], cfg, factory,
+                                   effects, cap)  # fmt: skip
+            ctx.drop(cfg)
+            prev.runs.append(r1 / rp)
+            prevs.append(rp)
+            line += f"; previous processor {fmt(rp)} events/s ({r1 / rp:.2f}x)"
+        ctx.progress(line)
+    one.extra = {
+        "effects_per_measurement": effects,
+        "layout": f"intent, then executed + receipt {SPREAD} effects later (each effect written twice)",
         "time_cap_s": cap,
-        "startup_s": startup,
-        "worker_cpu_ms_per_event": cpu_ms,
+        "worker_cpu_ms_per_event": cpu,
+        "raw_fold_events_per_s": raws,
+        "of_faust_bare_per_rep": [r / c for r, c in zip(one.runs, one.raw_limit_runs, strict=True)],
         "store": "rocksdb://",
         "partitions": ctx.partitions,
-        # faust itself, delivering the same records to an agent that does nothing with them
-        "faust_bare_events_per_s": ceiling,
     }
-    ctx.progress(
-        f"processor: faust's own ceiling here (an agent that does nothing): {fmt(statistics.median(ceiling))} events/s"
-    )
-    ctx.shared["processor_events_per_s"] = m.median
-    return BenchResult("processor_throughput", "ran", [m], info={"events_per_effect": EVENTS_PER_EFFECT})
+    two.extra = {"two_workers_events_per_s": twos, "worker_cpu_ms_per_event": cpu2}
+    prev.extra = {"previous_events_per_s": prevs, "previous_rev": PREVIOUS_REV}
+    metrics = [one, two] + ([prev] if prevs else [])
+    ctx.shared["processor_events_per_s"] = one.median
+    note = None if previous is not None else "the previous processor could not be read from git: not compared"
+    return BenchResult("processor_throughput", "ran", metrics, note=note, info={"events_per_effect": EVENTS_PER_EFFECT})
 
 
 def _fit_slope(points: list[tuple[float, float]]) -> float | None:
@@ -227,32 +335,28 @@ def run_memory(ctx: Context) -> BenchResult:
     t = time.monotonic()
     events = prefill(cfg, factory, effects)
     ctx.progress(f"memory: {effects} effects ({events} events) written in {time.monotonic() - t:.1f} s")
-    wm = Watermarks(cfg, cfg.topics.state)
     samples: list[dict[str, Any]] = []
-    try:
-        t_start = time.monotonic()
-        proc = start_processor(ctx, cfg, wd, "mem")
-        assert proc.proc is not None
-        pid = proc.proc.pid
-        proc.wait_ready(STARTUP_TIMEOUT)
-        t_first = wait_first_state(proc, wm, t_start)
-        ready_rss = rss_mb(pid)
-        next_sample = 0.0
-        while True:
-            now = time.monotonic()
-            done = wm.total()
-            if now >= next_sample or done >= events:
-                r = rss_mb(pid)
-                samples.append({"t_s": round(now - t_first, 1), "effects": done / EVENTS_PER_EFFECT, **r})
-                next_sample = now + 2.0
-            if done >= events or now - t_first > budget:
-                break
-            if not proc.alive:
-                raise RuntimeError(f"the processor exited:\n{_log_tail(proc)}")
-            time.sleep(0.25)
-        proc.kill()
-    finally:
-        wm.close()
+    # The events folded come from the worker's health view (one state per key per batch).
+    proc = start_processor(ctx, cfg, wd, "mem")
+    assert proc.proc is not None
+    pid = proc.proc.pid
+    proc.wait_ready(STARTUP_TIMEOUT)
+    t_first = time.monotonic()
+    ready_rss = rss_mb(pid)
+    next_sample = 0.0
+    while True:
+        now = time.monotonic()
+        done, _ = events_folded([proc])
+        if now >= next_sample or done >= events:
+            r = rss_mb(pid)
+            samples.append({"t_s": round(now - t_first, 1), "effects": done / EVENTS_PER_EFFECT, **r})
+            next_sample = now + 2.0
+        if done >= events or now - t_first > budget:
+            break
+        if not proc.alive:
+            raise RuntimeError(f"the processor exited:\n{_log_tail(proc)}")
+        time.sleep(0.25)
+    proc.kill()
     last = samples[-1]
     folded = last["effects"]
     half = [(s["effects"], s["VmRSS"]) for s in samples if s["effects"] >= folded / 2]

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import sqlite3
+import struct
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from effect_ledger.processors.processor import append_packed, event_bodies, unpack
+from effect_ledger.processors import table_value
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import apply
@@ -152,8 +153,9 @@ def test_non_event_records_are_dead_lettered_and_the_key_folds_right(kafka_confi
 
 
 def test_a_table_poisoned_before_the_fix_serves_and_folds_only_events() -> None:
-    """A processor table written before non-events were refused may hold one as a key's first record:
-    the fold skips it and the lookup does not hand it out, so no SDK copies it."""
+    """A processor table written before non-events were refused (format 1: the key's records,
+    concatenated) may hold one as a key's first record: reading it skips it, so the folded effect
+    (what the lookup hands out, and what is written back in format 2) holds only the event."""
     codec = default_codec()
     key = "payments:old-poison"
     poison = codec.encode(wrong_records(key)["UncertainEffect"])
@@ -161,10 +163,13 @@ def test_a_table_poisoned_before_the_fix_serves_and_folds_only_events() -> None:
     real = codec.encode(
         Intent("i-1", key, t, 1, "payments", "refund.create", "default", "r", "s", "{}", "d" * 64, t + 60_000, "w")
     )
-    value = append_packed(append_packed(None, poison, None), real, t + 60_000)
-    effect = unpack(value, codec.decode)
+    value = struct.pack(">Bq", 1, t + 60_000) + b"".join(struct.pack(">I", len(b)) + b for b in (poison, real))
+    assert table_value.due_of_value(value) == t + 60_000
+    effect = table_value.decode(value, codec.decode)
     assert effect is not None and effect.state is State.PENDING and effect.version == 1
-    assert event_bodies(value, codec.decode) == [real]
+    assert [codec.encode(f) for f in effect.facts] == [real]
+    again = table_value.decode(table_value.encode(effect, t + 60_000), codec.decode)
+    assert again == effect
 
 
 @pytest.mark.parametrize("kind", ["UncertainEffect", "EffectState", "DeadLetter"])

@@ -255,8 +255,19 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
     keys: dict[str, list[str]] = {kind: [] for kind in kinds}
     producer = RawProducer(kafka_config)
 
-    def produce(n: int, tag: str, deadline_ms: int) -> None:
+    def progress() -> int:
+        h = proc.health() or {}
+        return sum(o + 1 for o in (h.get("processed") or {}).values())
+
+    def produce(n: int, tag: str, deadline_ms: int, paced: bool = False) -> None:
+        """``paced``: every 10 effects, wait until the processor has folded half of what was written
+        (or is dead), so that it is killed mid-stream however fast it folds."""
+        written = 0
         for i in range(n):
+            if paced and i % 10 == 0 and i:
+                producer.flush()
+                half = written // 2
+                wait_for(lambda: not proc.alive or progress() >= half, 30, "the processor to keep up")  # noqa: B023
             kind = kinds[i % len(kinds)]
             key = f"payments:{tag}-{kind}-{i}"
             keys[kind].append(key)
@@ -273,6 +284,7 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
                 evs = [intent(key, far)]
             for ev in evs:
                 producer.event(ev)
+            written += len(evs)
         producer.flush()
 
     with (
@@ -284,13 +296,8 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
         proc.wait_ready()
         short = now_ms() + 4000
         # Feed the stream from a thread while the processor folds it; kill it part-way.
-        feeder = threading.Thread(target=produce, args=(n_before, "a", short))
+        feeder = threading.Thread(target=produce, args=(n_before, "a", short, True))
         feeder.start()
-
-        def progress() -> int:
-            h = proc.health() or {}
-            return sum(o + 1 for o in (h.get("processed") or {}).values())
-
         folded_at_kill = wait_for(lambda: progress() >= 100 and progress(), 30, "the processor to fold some events")
         proc.kill()
         feeder.join(30)

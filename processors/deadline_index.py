@@ -1,0 +1,111 @@
+"""The deadline index: this worker's effects that the timer must look at, and when. Pure: the
+processor feeds it the table after each rebalance (``rebuild``), every folded change (``set``), the
+high watermarks it saw at each tick (``record_highwaters``), and asks it which keys are due
+(``due``); time is always an argument."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from effect_ledger.streams.effect import Effect
+from effect_ledger.streams.model import IN_FLIGHT_STATES, State
+from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
+
+#: A timeout command or a re-published work item not folded after this long is sent again.
+RESEND_AFTER_MS = 5000
+_MAX_SAMPLES = 2000  # ticks of high watermarks kept per partition (a few minutes at 4 a second)
+
+
+def due_of(effect: Effect, targets: Mapping[str, Target], first_check_ms: int) -> int | None:
+    """When the timer must next look at this effect: the deadline of an open attempt, or the time to
+    ask the reconcilers again about an uncertain one, by its target's backoff
+    (``effect_ledger.streams.reconcile.next_check_ms``, the embedded runner's rule too); an effect
+    nobody answered about yet, ``first_check_ms`` after it became uncertain."""
+    if effect.state in IN_FLIGHT_STATES:
+        return effect.deadline_ms
+    if effect.state is State.UNCERTAIN:
+        target, _ = target_for(targets, target_name(effect))
+        due = next_check_ms(effect, target, effect.updated_ms)
+        return due if due is not None else effect.updated_ms + first_check_ms
+    return None
+
+
+@dataclass
+class Entry:
+    partition: int
+    due_ms: int
+    sent_ms: int = 0  # when the timer last acted on it (0: never)
+
+
+@dataclass
+class DeadlineIndex:
+    """key -> (partition, due, last sent) for the effects of the partitions this worker owns, and
+    per partition the high watermark at each tick (a deadline fires only once the partition is
+    folded up to where it stood when the deadline passed)."""
+
+    grace_ms: int = 1000
+    entries: dict[str, Entry] = field(default_factory=dict)
+    assigned: frozenset[int] | None = None  # the partitions it was built for (None: not built)
+    _samples: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+
+    def rebuild(self, items: Iterable[tuple[str, int | None]], assigned: frozenset[int],
+                partition_of: Callable[[str], int]) -> None:  # fmt: skip
+        """Start over from the table's (key, due) pairs, keeping the keys of ``assigned``."""
+        entries = {}
+        for key, due in items:
+            if due is not None:
+                p = partition_of(key)
+                if p in assigned:
+                    entries[key] = Entry(p, due)
+        self.entries = entries
+        self.assigned = assigned
+        self._samples = {p: s for p, s in self._samples.items() if p in assigned}
+
+    def forget(self) -> None:
+        """Partitions were revoked: the index is not valid until the next ``rebuild``."""
+        self.assigned = None
+
+    def set(self, key: str, partition: int, due_ms: int | None) -> None:
+        """A folded change: the key's new due time (None: nothing to watch)."""
+        if due_ms is None:
+            self.entries.pop(key, None)
+        else:
+            self.entries[key] = Entry(partition, due_ms)
+
+    def discard(self, key: str) -> None:
+        self.entries.pop(key, None)
+
+    def mark_sent(self, key: str, partition: int, due_ms: int, now_ms: int) -> None:
+        self.entries[key] = Entry(partition, due_ms, now_ms)
+
+    def record_highwaters(self, now_ms: int, highwaters: dict[int, int]) -> None:
+        for p, hw in highwaters.items():
+            times, marks = self._samples.setdefault(p, ([], []))
+            times.append(now_ms)
+            marks.append(hw)
+            if len(times) > _MAX_SAMPLES:
+                del times[: _MAX_SAMPLES // 2], marks[: _MAX_SAMPLES // 2]
+
+    def due(self, now_ms: int, folded_through: Callable[[int], int]) -> list[tuple[str, Entry]]:
+        """The keys the timer must act on at ``now_ms``: past due plus grace, folded up to where
+        their partition stood then (an outcome produced before the deadline is seen first), and not
+        acted on in the last ``RESEND_AFTER_MS``."""
+        out = []
+        for key, e in self.entries.items():
+            at = e.due_ms + self.grace_ms
+            if at > now_ms or (e.sent_ms and now_ms - e.sent_ms < RESEND_AFTER_MS):
+                continue
+            times, marks = self._samples.get(e.partition, ([], []))
+            i = bisect.bisect_left(times, at)
+            if i == len(times) or folded_through(e.partition) < marks[i] - 1:
+                continue
+            out.append((key, e))
+        return out
+
+    def oldest_due(self) -> int | None:
+        return min((e.due_ms for e in self.entries.values()), default=None)
+
+    def __len__(self) -> int:
+        return len(self.entries)

@@ -1,0 +1,80 @@
+"""Every access to faust-streaming's private parts, in one place, pinned to the version they were
+read from. ``tests/unit/test_faust_internals.py`` has one test per access: an upgrade that moves any
+of them fails there, loudly, instead of somewhere in the processor.
+
+Why each is needed (faust 0.15.3 has no public way):
+
+* ``as_current_event``: a table read or write goes to the RocksDB partition and the changelog
+  partition of faust's *current event* (``faust.streams._current_event``). A batch from
+  ``take_events`` mixes partitions, so each key is written with its own last event made current.
+  Reads outside the fold (lookups, the timer) run with no current event (``no_current_event``), so
+  the store finds a key in whichever partition holds it, whatever event the calling task's context
+  happens to carry.
+* ``committed_offset``: where the group's committed offset put a partition after a rebalance
+  (``Consumer._committed_offset``); everything before it was folded before the commit.
+* ``peer_urls``: the web URLs of the group's workers, from the assignor (``_tps_url``), to forward
+  a lookup to the owner of a key's partition of effects.events.
+* ``hold_fetching_until_streams_resume``: relies on the order of faust's
+  ``Recovery.on_recovery_completed`` (table recover callbacks, then resume the source partitions,
+  seek them to their committed offsets, clear the stream buffers, resume the consumer's flow).
+  Between the resume and the clear, the fetcher hands records of the resumed partitions to the
+  streams, and the clear drops them; a partition with a committed offset is sought back and reads
+  them again, but one without (its previous worker was killed before its first commit) is not: its
+  position has moved past them, and the worker never folds them (a restart that "processed
+  nothing"). Stopping the consumer's flow from the recover callback keeps the fetcher from taking
+  records until faust resumes the flow, after the clear.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import faust
+import faust.streams
+from faust.types import TP
+
+#: The faust-streaming release the accesses below were read from (DEPENDENCIES.md: use it exactly).
+FAUST_VERSION = "0.15.3"
+
+
+@contextmanager
+def as_current_event(event: Any) -> Iterator[None]:
+    """Make ``event`` faust's current event for the block (the partition tables read and write)."""
+    token = faust.streams._current_event.set(weakref.ref(event))
+    try:
+        yield
+    finally:
+        faust.streams._current_event.reset(token)
+
+
+@contextmanager
+def no_current_event() -> Iterator[None]:
+    """No current event for the block: the table looks a key up in every partition it holds."""
+    token = faust.streams._current_event.set(None)
+    try:
+        yield
+    finally:
+        faust.streams._current_event.reset(token)
+
+
+def committed_offset(app: faust.App, topic: str, partition: int) -> int | None:
+    """The committed offset faust sought to for ``topic[partition]`` on assignment (None: unknown)."""
+    offsets = getattr(app.consumer, "_committed_offset", None)
+    if offsets is None:
+        return None
+    value = offsets.get(TP(topic, partition))
+    return None if value is None else int(value)
+
+
+def hold_fetching_until_streams_resume(app: faust.App) -> None:
+    """Call from a table's recover callback: the fetcher takes no records until faust resumes the
+    consumer's flow at the end of ``on_recovery_completed`` (see the module docstring)."""
+    app.consumer.stop_flow()
+
+
+def peer_urls(app: faust.App) -> set[str]:
+    """The web URLs of every worker of the group (this one included), as the assignor knows them."""
+    return {str(u) for u in app.assignor._tps_url.values()}  # type: ignore[attr-defined]

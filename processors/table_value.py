@@ -1,0 +1,303 @@
+"""The processor table's value: one folded effect, bounded.
+
+Layout (format 2)::
+
+    >B  format (2)
+    >q  due_ms (-1: nothing due), read without decoding the rest when the deadline index is rebuilt
+    >I  number of blobs, then each blob as >I length + UTF-8 bytes
+    JSON of the folded ``Effect``, every string of BLOB_BYTES or more replaced by {"$": i}
+
+The ``Effect`` is serialized generically (every dataclass field, nested dataclasses tagged with
+their class name, enums by value), so a field added to ``Effect`` or to an event survives a round
+trip without a change here. Large strings (requests, receipt values) go to blobs, stored once
+however many fields repeat them (an effect's latest intent is also one of its facts).
+
+Bounded by construction: ``slim`` keeps a payload (an intent's request, a receipt's or a
+resolution's value) only where the fold reads it (the latest intent's request, for reconcilers,
+and the earliest receipt's value, returned to callers); any other payload of ``ELIDE_OVER`` bytes
+or more is replaced by a short marker with its size and sha256 (a marker that keeps saying
+"inexact" when the value did, since the fold flags that). ``encode`` then refuses, with
+``TableValueTooLarge``, any value over ``MAX_TABLE_VALUE_BYTES``: the processor dead-letters the
+event that would have made it so, instead of writing it (so the table's changelog, limited by
+Kafka's record size, never refuses a write, and a table rebuilt from it agrees with the fold).
+
+Format 1 (the events of the key, concatenated) is still read, so a table written by an earlier
+release is folded into format 2 the next time its key changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import struct
+import sys
+import types
+import typing
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from effect_ledger.streams import effect as effect_mod
+from effect_ledger.streams import model as model_mod
+from effect_ledger.streams.effect import Effect, apply
+from effect_ledger.streams.limits import MAX_TABLE_VALUE_BYTES
+from effect_ledger.streams.model import INEXACT, INEXACT_PREFIX, Intent, Receipt, Resolution, is_event
+
+FORMAT = 2
+LEGACY_FORMAT = 1
+_HEADER = struct.Struct(">Bq")  # format, due_ms (-1: nothing due)
+_COUNT = struct.Struct(">I")
+BLOB_BYTES = 512  # strings this long or longer are stored as blobs (deduplicated, unescaped)
+ELIDE_OVER = 1024  # payloads the fold does not read are replaced by a marker from this size on
+ELIDED = "effect_ledger.elided"  # the key of the marker of a payload left out of the table
+
+
+class TableValueTooLarge(ValueError):
+    """The effect, even slimmed, does not fit in ``MAX_TABLE_VALUE_BYTES``."""
+
+    def __init__(self, effect_id: str, size: int) -> None:
+        super().__init__(
+            f"the table value of {effect_id!r} would be {size} bytes, over the {MAX_TABLE_VALUE_BYTES}-byte limit"
+        )
+        self.size = size
+
+
+# -- slimming -----------------------------------------------------------------------------------
+
+
+def elided(value: str) -> str:
+    """The marker that stands for a payload the table does not keep: its size and sha256. A value
+    the fold flags as inexact (see limits.py) stays marked inexact."""
+    data = value.encode("utf-8", "surrogatepass")
+    body = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    key = INEXACT if value.startswith(INEXACT_PREFIX) else ELIDED
+    return json.dumps({key: {"reason": "left out of the processor's table", **body}}, sort_keys=True)
+
+
+def _slim_fact(f: Any, keep: set[int]) -> Any:
+    if id(f) in keep:
+        return f
+    if isinstance(f, Intent) and len(f.request) >= ELIDE_OVER:
+        return dataclasses.replace(f, request=elided(f.request))
+    if isinstance(f, Receipt | Resolution) and f.value is not None and len(f.value) >= ELIDE_OVER:
+        return dataclasses.replace(f, value=elided(f.value))
+    return f
+
+
+def slim(effect: Effect) -> Effect:
+    """``effect`` with only the payloads the fold reads: the latest intent's request and the
+    earliest receipt's value. Its state, flags, receipt and every fact's identity are unchanged."""
+    keep = {id(effect.intent)}
+    r = effect.receipt
+    if r is not None:
+        for f in effect.facts:
+            if isinstance(f, Receipt | Resolution) and f.receipt_id == r.receipt_id and f.value == r.value:
+                keep.add(id(f))
+                break
+    facts = tuple(_slim_fact(f, keep) for f in effect.facts)
+    if all(a is b for a, b in zip(facts, effect.facts, strict=True)):
+        return effect
+    first = effect.first_intent
+    if first is not None and first is not effect.intent:
+        first = _slim_fact(first, set())
+    return dataclasses.replace(effect, facts=facts, first_intent=first)
+
+
+# -- generic serialization -------------------------------------------------------------------------
+
+
+@cache
+def _classes() -> dict[str, type]:
+    """Every dataclass of the model and of the fold, by name: what a tagged object may be."""
+    out: dict[str, type] = {}
+    for mod in (model_mod, effect_mod):
+        for name, obj in vars(mod).items():
+            if isinstance(obj, type) and dataclasses.is_dataclass(obj):
+                out[name] = obj
+    return out
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+
+
+@cache
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    if not dataclasses.is_dataclass(cls):
+        return None
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class _Writer:
+    """Walks an object into JSON-able data. Strings of ``BLOB_BYTES`` or more become {"$": i}
+    (blob i); a dataclass object met again (an effect's intent is also one of its facts) becomes
+    {"^": n}, n counting dataclass objects in the order they were first met."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, int] = {}
+        self.seen: dict[int, int] = {}
+
+    def dump(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is str:
+            return obj if len(obj) < BLOB_BYTES else {"$": self.blobs.setdefault(obj, len(self.blobs))}
+        if obj is None or t is int or t is bool or t is float:
+            return obj
+        if isinstance(obj, enum.Enum):
+            return obj.value
+        names = _field_names(t)  # type: ignore[arg-type]  # any type is hashable
+        if names is not None:
+            ref = self.seen.get(id(obj))
+            if ref is not None:
+                return {"^": ref}
+            self.seen[id(obj)] = len(self.seen)
+            out: dict[str, Any] = {"@": t.__name__}
+            for n in names:  # the common field types inline: this runs for every table write
+                v = getattr(obj, n)
+                tv = type(v)
+                if (tv is str and len(v) < BLOB_BYTES) or v is None or tv is int or tv is bool:
+                    out[n] = v
+                else:
+                    out[n] = self.dump(v)
+            return out
+        if isinstance(obj, str | int | float):  # a subclass (an enum is handled above)
+            return obj
+        if isinstance(obj, tuple | list):
+            return [self.dump(x) for x in obj]
+        if isinstance(obj, frozenset | set):
+            return [self.dump(x) for x in sorted(obj)]
+        if isinstance(obj, dict):
+            return {"#": [[self.dump(k), self.dump(v)] for k, v in obj.items()]}
+        raise TypeError(f"cannot store a {type(obj).__name__} in the table")
+
+
+Converter = Callable[["_Reader", Any], Any]
+
+
+class _Reader:
+    """The inverse of ``_Writer``, guided by the dataclasses' type hints (enums, tuples)."""
+
+    def __init__(self, blobs: list[str]) -> None:
+        self.blobs = blobs
+        self.objs: list[Any] = []
+
+    def any(self, data: Any) -> Any:
+        if type(data) is dict:
+            if "$" in data:
+                return self.blobs[data["$"]]
+            if "^" in data:
+                return self.objs[data["^"]]
+            if "@" in data:
+                return self.obj(data)
+            if "#" in data:
+                return {self.any(k): self.any(v) for k, v in data["#"]}
+        return data
+
+    def obj(self, data: dict[str, Any]) -> Any:
+        cls = _classes()[data["@"]]
+        plan = _plan(cls)
+        n = len(self.objs)
+        self.objs.append(None)  # numbered when first met, like the writer: before its fields
+        # A field this release does not know is dropped; one it knows but the value lacks takes its
+        # default (the dataclass raises when it has none).
+        obj = cls(**{k: plan[k](self, v) for k, v in data.items() if k in plan})
+        self.objs[n] = obj
+        return obj
+
+
+def _any(r: _Reader, v: Any) -> Any:
+    return r.any(v)
+
+
+@cache
+def _plan(cls: type) -> dict[str, Converter]:
+    names = _field_names(cls) or ()
+    return {name: _converter(hint) for name, hint in _hints(cls).items() if name in names}
+
+
+@cache
+def _converter(hint: Any) -> Converter:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in args if a is not type(None)]
+        if len(options) != 1:
+            return _any
+        inner = _converter(options[0])
+        return lambda r, v: None if v is None else inner(r, v)
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        enum_type = hint
+        return lambda r, v: enum_type(v)
+    if origin is tuple and args and (len(args) != 2 or args[1] is not Ellipsis):
+        convs = [_converter(a) for a in args]
+        return lambda r, v: tuple(c(r, x) for c, x in zip(convs, v, strict=False))
+    if origin in (tuple, list, frozenset, set):
+        each = _converter(args[0]) if args else _any
+        kind = origin
+        return lambda r, v: kind([each(r, x) for x in v])
+    return _any
+
+
+# -- the value ------------------------------------------------------------------------------------
+
+
+def encode(effect: Effect, due_ms: int | None) -> bytes:
+    """The table value of ``effect`` (slimmed). ``TableValueTooLarge`` over the limit."""
+    w = _Writer()
+    skeleton = json.dumps(w.dump(slim(effect)), separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
+    blobs = w.blobs
+    parts = [_HEADER.pack(FORMAT, -1 if due_ms is None else due_ms), _COUNT.pack(len(blobs))]
+    for text in blobs:  # dicts keep insertion order: index i is the i-th blob
+        data = text.encode("utf-8", "surrogatepass")
+        parts += [_COUNT.pack(len(data)), data]
+    parts.append(skeleton)
+    value = b"".join(parts)
+    if len(value) > MAX_TABLE_VALUE_BYTES:
+        raise TableValueTooLarge(effect.effect_id, len(value))
+    return value
+
+
+def due_of_value(value: bytes) -> int | None:
+    """The due time in a value's header (both formats), without decoding the effect."""
+    _, due = _HEADER.unpack_from(value)
+    return None if due < 0 else int(due)
+
+
+def decode(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
+    """The effect in a table value. ``decode_event`` (the Avro codec) reads format 1 values."""
+    fmt, _ = _HEADER.unpack_from(value)
+    if fmt == LEGACY_FORMAT:
+        return _decode_legacy(value, decode_event)
+    if fmt != FORMAT:
+        raise ValueError(f"table value in format {fmt}; this release reads formats 1 and 2")
+    pos = _HEADER.size
+    (n,) = _COUNT.unpack_from(value, pos)
+    pos += _COUNT.size
+    blobs = []
+    for _ in range(n):
+        (size,) = _COUNT.unpack_from(value, pos)
+        pos += _COUNT.size
+        blobs.append(value[pos : pos + size].decode("utf-8", "surrogatepass"))
+        pos += size
+    effect = _Reader(blobs).any(json.loads(value[pos:].decode("utf-8", "surrogatepass")))
+    assert isinstance(effect, Effect)
+    return effect
+
+
+def _decode_legacy(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
+    """Format 1: every event of the key, each length-prefixed Avro single-object bytes."""
+    effect: Effect | None = None
+    pos = _HEADER.size
+    while pos < len(value):
+        (n,) = _COUNT.unpack_from(value, pos)
+        pos += _COUNT.size
+        ev = decode_event(value[pos : pos + n])
+        pos += n
+        if is_event(ev):  # a table written before non-events were refused may hold one
+            effect, _ = apply(effect, ev)
+    return effect

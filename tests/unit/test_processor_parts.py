@@ -1,0 +1,178 @@
+"""The processor's pure parts: the deadline index, the batch fold of one key, the lookup route.
+Time is passed in (or a fake clock injected); no faust, no broker."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+from effect_ledger.processors.batch import fold_key, group_by_key
+from effect_ledger.processors.deadline_index import RESEND_AFTER_MS, DeadlineIndex, due_of
+from effect_ledger.processors.lookup_route import LookupRoute, authorized
+from effect_ledger.processors.table_value import TableValueTooLarge
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.effect import Effect, fold
+from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource, State, UncertainEffect
+from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.reconcile import Backoff
+
+KEY = "payments:k"
+T = 1_700_000_000_000
+
+
+def intent(key: str = KEY, eid: str = "i-1", deadline: int = T + 10_000) -> Intent:
+    return Intent(eid, key, T, 1, "payments", "refund.create", "default", "r", "s", "{}", "d" * 64, deadline, "w")
+
+
+def executed(outcome: Outcome = Outcome.OK, key: str = KEY) -> Executed:
+    return Executed("x-1", key, T + 1, 1, outcome, None, T, T + 1, None, "w")
+
+
+def receipt(key: str = KEY) -> Receipt:
+    return Receipt("rc-1", key, T + 2, 1, "r-1", ReceiptSource.CALL, "{}")
+
+
+# -- deadline index ---------------------------------------------------------------------------
+
+
+def test_due_of_an_open_and_a_settled_effect() -> None:
+    pending = fold([intent()])
+    done = fold([intent(), executed(), receipt()])
+    assert pending is not None and done is not None
+    assert due_of(pending, Backoff(), 60_000) == T + 10_000
+    assert due_of(done, Backoff(), 60_000) is None
+
+
+def test_rebuild_keeps_only_assigned_partitions_and_due_keys() -> None:
+    idx = DeadlineIndex()
+    idx.rebuild([("a", 5), ("b", None), ("c", 7)], frozenset({0}), lambda k: 0 if k != "c" else 1)
+    assert set(idx.entries) == {"a"} and idx.assigned == frozenset({0})
+    idx.forget()
+    assert idx.assigned is None
+
+
+def test_a_deadline_fires_only_after_grace_and_once_folded_to_where_the_partition_stood() -> None:
+    idx = DeadlineIndex(grace_ms=1000)
+    idx.rebuild([], frozenset({0}), lambda k: 0)
+    idx.set("k", 0, 10_000)
+    folded = {0: 4}
+    idx.record_highwaters(10_500, {0: 5})
+    assert idx.due(10_999, folded.__getitem__) == []  # within grace
+    idx.record_highwaters(11_000, {0: 9})  # the partition stood at 9 when the deadline passed
+    assert idx.due(11_100, folded.__getitem__) == []  # folded only through offset 4
+    folded[0] = 8
+    assert [k for k, _ in idx.due(11_100, folded.__getitem__)] == ["k"]
+    idx.mark_sent("k", 0, 10_000, 11_100)
+    assert idx.due(11_100 + RESEND_AFTER_MS - 1, folded.__getitem__) == []
+    assert [k for k, _ in idx.due(11_100 + RESEND_AFTER_MS, folded.__getitem__)] == ["k"]
+    idx.set("k", 0, None)
+    assert len(idx) == 0 and idx.oldest_due() is None
+
+
+# -- batch fold ---------------------------------------------------------------------------------
+
+
+def _encode(effect: Effect) -> bytes:
+    return effect.effect_id.encode() + bytes([len(effect.facts)])
+
+
+def test_a_keys_events_fold_in_order_into_one_value() -> None:
+    result = fold_key(None, [("m1", intent()), ("m2", executed()), ("m3", receipt())], _encode)
+    assert result.after is not None and result.after.state is State.CONFIRMED
+    assert result.value == KEY.encode() + b"\x03"
+    assert [s[1].version for s in result.steps] == [1, 2, 3] and result.rejected == []
+
+
+def test_a_replayed_batch_changes_nothing_and_writes_nothing() -> None:
+    before = fold([intent(), executed()])
+    result = fold_key(before, [("m1", intent()), ("m2", executed())], _encode)
+    assert result.after is before and result.value is None and result.steps == []
+
+
+def test_an_uncertain_change_is_emitted() -> None:
+    result = fold_key(None, [("m1", intent()), ("m2", executed(Outcome.UNKNOWN))], _encode)
+    assert [type(u) for u in result.emitted] == [UncertainEffect]
+
+
+def test_an_event_that_cannot_be_applied_is_rejected_and_the_rest_folds() -> None:
+    other = intent(key="payments:other", eid="i-9")
+    result = fold_key(fold([intent()]), [("bad", other), ("m2", executed())], _encode)
+    assert [tag for tag, _ in result.rejected] == ["bad"]
+    assert result.after is not None and result.after.state is State.EXECUTED
+
+
+def test_the_event_that_would_make_the_value_too_large_is_rejected() -> None:
+    def encode(effect: Effect) -> bytes:
+        if len(effect.facts) > 2:
+            raise TableValueTooLarge(effect.effect_id, 10**6)
+        return b"v" * len(effect.facts)
+
+    result = fold_key(None, [("m1", intent()), ("m2", executed()), ("m3", receipt())], encode)
+    assert [tag for tag, _ in result.rejected] == ["m3"]
+    assert result.value == b"vv" and result.after is not None and result.after.version == 2
+
+
+def test_group_by_key_keeps_arrival_order_per_key() -> None:
+    a1, b1, a2 = intent(), intent(key="b", eid="j"), executed()
+    groups = group_by_key([(KEY, 1, a1), ("b", 2, b1), (KEY, 3, a2)])
+    assert groups == {KEY: [(1, a1), (3, a2)], "b": [(2, b1)]}
+
+
+# -- lookup route -------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    async def sleep(self, s: float) -> None:
+        self.t += s
+
+
+def route(folded: dict[int, tuple[int, int]], effect: Effect | None, *, ready: bool = True, owned: bool = True,
+          token: str | None = None) -> LookupRoute:  # fmt: skip
+    p = partition_for(KEY.encode(), 3)
+    clock = Clock()
+
+    async def highwaters(_p: int) -> tuple[int, int]:
+        return 10, 0
+
+    return LookupRoute(
+        partitions=3, bound_s=1.0, token=token, own_url="http://me", ready=lambda: ready,
+        assigned=lambda: frozenset({p}) if owned else frozenset(), highwaters=highwaters,
+        folded=lambda q: folded[q], load=lambda k: effect if k == KEY else None,
+        encode_event=default_codec().encode, clock=clock, sleep=clock.sleep,
+    )  # fmt: skip
+
+
+def test_lookup_answers_once_folded_to_the_high_watermark() -> None:
+    p = partition_for(KEY.encode(), 3)
+    effect = fold([intent(), executed()])
+    status, body = asyncio.run(route({p: (9, -1)}, effect).get(KEY))
+    assert status == 200 and body["effect_id"] == KEY and body["state"] == "EXECUTED"
+    codec = default_codec()
+    assert [codec.decode(base64.b64decode(e)) for e in body["events"]] == list(effect.facts)  # type: ignore[union-attr]
+
+
+def test_lookup_says_lagging_after_its_bound() -> None:
+    p = partition_for(KEY.encode(), 3)
+    status, body = asyncio.run(route({p: (5, -1)}, None).get(KEY))
+    assert status == 503 and body["lagging"] and body["processed"] == 5 and body["high_watermark"] == 10
+
+
+def test_lookup_of_an_unknown_key_names_it() -> None:
+    p = partition_for(KEY.encode(), 3)
+    status, body = asyncio.run(route({p: (9, -1)}, None).get(KEY))
+    assert status == 404 and body == {"effect_id": KEY, "known": False, "partition": p, "high_watermark": 10}
+
+
+def test_lookup_refusals_token_starting_and_not_owner() -> None:
+    p = partition_for(KEY.encode(), 3)
+    assert asyncio.run(route({p: (9, -1)}, None, token="s").get(KEY))[0] == 401
+    assert asyncio.run(route({p: (9, -1)}, None, token="s").get(KEY, "Bearer s"))[0] == 404
+    assert asyncio.run(route({p: (9, -1)}, None, ready=False).get(KEY))[0] == 503
+    assert asyncio.run(route({p: (9, -1)}, None, owned=False).get(KEY, owner_only=True))[0] == 421
+    assert authorized(None, "") and not authorized("s", "Bearer t")
