@@ -14,7 +14,6 @@ from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.effect import Effect, fold
 from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource, State, UncertainEffect
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Backoff
 
 KEY = "payments:k"
 T = 1_700_000_000_000
@@ -39,8 +38,8 @@ def test_due_of_an_open_and_a_settled_effect() -> None:
     pending = fold([intent()])
     done = fold([intent(), executed(), receipt()])
     assert pending is not None and done is not None
-    assert due_of(pending, Backoff(), 60_000) == T + 10_000
-    assert due_of(done, Backoff(), 60_000) is None
+    assert due_of(pending, {}, 60_000) == T + 10_000
+    assert due_of(done, {}, 60_000) is None
 
 
 def test_rebuild_keeps_only_assigned_partitions_and_due_keys() -> None:

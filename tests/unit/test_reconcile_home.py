@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.processors.processor import due_of
+from effect_ledger.processors.deadline_index import due_of
 from effect_ledger.processors.runner import Runner
 from effect_ledger.streams.effect import Effect, fold, uncertain_event
 from effect_ledger.streams.errors import EffectUncertain
