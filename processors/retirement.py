@@ -82,14 +82,7 @@ async def apply(processor: Any, msg: Any, cmd: Retirement) -> None:
         if why is not None:
             log.info("retirement of %s not applied: %s", key, why)
             return
-        marker = Retired(
-            effect_id=key,
-            state=effect.state.value,
-            request_digest=effect.first_intent.request_digest if effect.first_intent else "",
-            receipt_id=effect.receipt.receipt_id if effect.receipt else None,
-            updated_ms=effect.updated_ms,
-            retired_ms=cmd.at_ms,
-        )
+        marker = Retired.of(effect, cmd.at_ms)
         processor.table[key] = marker_value(marker)
         processor._cache.pop(key, None)
         processor.index.discard(key)

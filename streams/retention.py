@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
+from effect_ledger.streams.effect import Effect
 from effect_ledger.streams.model import State
 
 #: States an effect may be retired in: closed, nothing left to wait for.
@@ -50,6 +51,19 @@ class Retired:
     receipt_id: str | None
     updated_ms: int
     retired_ms: int
+
+    @classmethod
+    def of(cls, effect: Effect, retired_ms: int) -> Retired:
+        """The marker of ``effect``, retired at ``retired_ms``: the same in a ledger file and in the
+        processor's table."""
+        return cls(
+            effect_id=effect.effect_id,
+            state=effect.state.value,
+            request_digest=effect.first_intent.request_digest if effect.first_intent else "",
+            receipt_id=effect.receipt.receipt_id if effect.receipt else None,
+            updated_ms=effect.updated_ms,
+            retired_ms=retired_ms,
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

@@ -112,14 +112,7 @@ def _retire(
         # The row is a projection; decide on the facts themselves.
         if effect is None or not due(effect.state, effect.updated_ms, now_ms, after_ms):
             continue
-        marker = Retired(
-            effect_id=effect_id,
-            state=effect.state.value,
-            request_digest=effect.first_intent.request_digest if effect.first_intent else "",
-            receipt_id=effect.receipt.receipt_id if effect.receipt else None,
-            updated_ms=effect.updated_ms,
-            retired_ms=now_ms,
-        )
+        marker = Retired.of(effect, now_ms)
         conn.execute(
             "INSERT OR REPLACE INTO retired (effect_id, state, request_digest, receipt_id, updated_ms, retired_ms) "
             "VALUES (?, ?, ?, ?, ?, ?)",
