@@ -78,8 +78,10 @@ def _encode(effect: Effect) -> bytes:
 def test_a_keys_events_fold_in_order_into_one_value() -> None:
     result = fold_key(None, [("m1", intent()), ("m2", executed()), ("m3", receipt())], _encode)
     assert result.after is not None and result.after.state is State.CONFIRMED
-    assert result.value == KEY.encode() + b"\x03"
-    assert [s[1].version for s in result.steps] == [1, 2, 3] and result.rejected == []
+    # Three events and the claim verdict the first intent of attempt 1 earns, in the same write.
+    assert result.value == KEY.encode() + b"\x04"
+    assert [s[1].version for s in result.steps] == [2, 3, 4] and result.rejected == []
+    assert [type(f).__name__ for f in result.after.facts].count("Claimed") == 1
 
 
 def test_a_replayed_batch_changes_nothing_and_writes_nothing() -> None:
