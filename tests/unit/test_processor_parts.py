@@ -104,13 +104,13 @@ def test_an_event_that_cannot_be_applied_is_rejected_and_the_rest_folds() -> Non
 
 def test_the_event_that_would_make_the_value_too_large_is_rejected() -> None:
     def encode(effect: Effect) -> bytes:
-        if len(effect.facts) > 2:
+        if len(effect.facts) > 3:  # the intent, its claim verdict and the outcome fit; a receipt does not
             raise TableValueTooLarge(effect.effect_id, 10**6)
         return b"v" * len(effect.facts)
 
     result = fold_key(None, [("m1", intent()), ("m2", executed()), ("m3", receipt())], encode)
     assert [tag for tag, _ in result.rejected] == ["m3"]
-    assert result.value == b"vv" and result.after is not None and result.after.version == 2
+    assert result.value == b"vvv" and result.after is not None and result.after.version == 3
 
 
 def test_group_by_key_keeps_arrival_order_per_key() -> None:
