@@ -445,6 +445,9 @@ class Store:
         ]
         row = effect_row(after)
         row.update(
+            # The file's optimistic concurrency counts every fact, claim verdicts included
+            # (``Effect.version``); the published state's version does not count verdicts.
+            version=after.version,
             expected=before.version if before else 0,
             claim_op=claim_op.value,
             claim_owner=owner if claim_op is ClaimOp.TAKE else None,
