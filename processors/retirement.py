@@ -21,6 +21,7 @@ import logging
 import struct
 from typing import Any
 
+from effect_ledger.streams.effect import to_state
 from effect_ledger.streams.model import Retirement
 from effect_ledger.streams.retention import Retired, why_not
 
@@ -78,7 +79,8 @@ async def apply(processor: Any, msg: Any, cmd: Retirement) -> None:
         effect = processor._load(key, previous)
         if effect is None:
             return
-        why = why_not(effect.state, effect.updated_ms, effect.version, cmd.at_ms, cmd.after_ms, cmd.version)
+        # The sweep saw the published state's version, which does not count claim verdicts.
+        why = why_not(effect.state, effect.updated_ms, to_state(effect).version, cmd.at_ms, cmd.after_ms, cmd.version)
         if why is not None:
             log.info("retirement of %s not applied: %s", key, why)
             return
