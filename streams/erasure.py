@@ -202,24 +202,11 @@ async def erase(store: Store, subject: str) -> int:
         raise InvalidEffect("give the subject to erase, as a non-empty string")
     sd = subject_digest(subject)
 
-    def run(conn: sqlite3.Connection) -> int:
-        conn.execute("PRAGMA secure_delete = ON")  # the key's bytes are overwritten, not left in a free page
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            n = conn.execute("DELETE FROM erasure_keys WHERE subject_digest = ?", (sd,)).rowcount
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        if n:
-            try:
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # and the WAL holds no copy either
-            except sqlite3.OperationalError:
-                pass
-        return int(n)
-
-    return await store.run(run)  # type: ignore[no-any-return]
+    # The key's bytes are overwritten, not left in a free page, and leave the WAL (Store.purge).
+    n = await store.purge(
+        lambda conn: conn.execute("DELETE FROM erasure_keys WHERE subject_digest = ?", (sd,)).rowcount
+    )
+    return int(n)
 
 
 __all__ = [

@@ -66,24 +66,10 @@ async def retire(
     if after_ms < 0:
         raise ValueError("the retention period cannot be negative")
 
-    def run(conn: sqlite3.Connection) -> list[Retired]:
-        conn.execute("PRAGMA secure_delete = ON")  # deleted bodies are overwritten, not left in free pages
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            done = _retire(store, conn, now_ms, after_ms, require_sent, limit)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        if done:
-            try:
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the deleted bodies leave the WAL too
-            except sqlite3.OperationalError:
-                pass  # busy readers: the next checkpoint truncates it
-        return done
-
-    return await store.run(run)  # type: ignore[no-any-return]
+    # Deleted bodies are overwritten on disk and leave the WAL too (Store.purge).
+    return await store.purge(  # type: ignore[no-any-return]
+        lambda conn: _retire(store, conn, now_ms, after_ms, require_sent, limit)
+    )
 
 
 def _retire(

@@ -378,6 +378,30 @@ class Store:
         except sqlite3.Error as e:
             raise _storage_error(self.path, e) from e
 
+    async def purge(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run ``fn(connection)`` as one write transaction that deletes data for good: SQLite's
+        ``secure_delete`` overwrites the freed pages, and when ``fn`` returns something truthy the
+        WAL is truncated so it keeps no copy either (a reader holding it: the next checkpoint does).
+        For retention and erasure; returns what ``fn`` returns."""
+
+        def work(conn: sqlite3.Connection) -> Any:
+            conn.execute("PRAGMA secure_delete = ON")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            if result:
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                except sqlite3.OperationalError:
+                    pass  # busy readers: the next checkpoint truncates it
+            return result
+
+        return await self.run(work)
+
     async def query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
         """Read-only SQL over the ledger (``effects`` and ``events`` tables), rows as dicts. A
         statement that would write is refused (``StorageError``): the reader is ``query_only``."""
