@@ -23,12 +23,16 @@ Why each is needed (faust 0.15.3 has no public way):
   position has moved past them, and the worker never folds them (a restart that "processed
   nothing"). Stopping the consumer's flow from the recover callback keeps the fetcher from taking
   records until faust resumes the flow, after the clear.
+* ``table_partitions``: the table's store per partition (``Store._db_for_partition``), so a batch's
+  values are written as one RocksDB write batch per partition (``batch_writer``), and the
+  store's record of the last changelog offset it holds (``set_persisted_offset``). The memory store
+  (``--store memory://``) keeps decoded keys in a dict (``Store.data``).
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -73,6 +77,47 @@ def hold_fetching_until_streams_resume(app: faust.App) -> None:
     """Call from a table's recover callback: the fetcher takes no records until faust resumes the
     consumer's flow at the end of ``on_recovery_completed`` (see the module docstring)."""
     app.consumer.stop_flow()
+
+
+class _DictBatch(list[tuple[bytes, bytes]]):
+    def put(self, key: bytes, value: bytes) -> None:
+        self.append((key, value))
+
+
+class _DictPartition:
+    """The memory store seen as a RocksDB partition: it keys its dict by the decoded key."""
+
+    def __init__(self, table: Any) -> None:
+        self._data = table.data.data
+        self._table = table
+
+    def write(self, batch: _DictBatch) -> None:
+        t = self._table
+        for key, value in batch:
+            self._data[t.app.serializers.loads_key(t.key_type, key, serializer=t.key_serializer)] = value
+
+
+def table_partitions(table: Any) -> tuple[Callable[[int], Any], Callable[[], Any]]:
+    """(partition -> the table's store of that partition, a new empty write batch) for ``table``
+    (keys: ``table_key``; values: the table's raw bytes)."""
+    store = table.data
+    if hasattr(store, "_db_for_partition"):  # rocksdb:// (the rocksdict driver)
+        import rocksdict
+
+        return store._db_for_partition, lambda: rocksdict.WriteBatch(raw_mode=True)
+    partition = _DictPartition(table)  # memory://
+    return (lambda _p: partition), _DictBatch
+
+
+def table_key(table: Any, key: str) -> bytes:
+    """The bytes ``table`` stores ``key`` under (and sends as the changelog record's key)."""
+    return bytes(table.app.serializers.dumps_key(table.key_type, key, serializer=table.key_serializer))
+
+
+def persist_changelog_offset(table: Any, partition: int, offset: int) -> None:
+    """Remember in the store the last changelog offset written for ``partition`` (faust recovers a
+    partition's changelog from there)."""
+    table.data.set_persisted_offset(TP(table.changelog_topic.get_topic_name(), partition), offset)
 
 
 def peer_urls(app: faust.App) -> set[str]:

@@ -12,13 +12,15 @@ record and state, in case the crash came before they were delivered):
    Intent, Executed, Receipt, Resolution or Timeout on ``effects.events``; anything but a Decision
    on ``effects.decisions``), or whose key is not its effect_id, goes to ``effects.dlq`` with the
    reason (a bounded copy), and processing continues;
-2. fold each key's events, in order, into its effect (``batch.fold_key``) and write the table once
-   per changed key (``table_value``: bounded; RocksDB, changelog co-partitioned with
-   ``effects.events``); an event that cannot be applied, or would make the value too large, is
-   dead-lettered;
-3. publish each changed key's state to ``effects.state`` once (compacted) and, when the effect
-   became uncertain, an ``UncertainEffect`` to ``effects.uncertain``;
-4. count the batch's offsets as processed (lookups wait on them).
+2. fold each key's events, in order, into its effect (``batch.fold_key``); per changed key, one
+   table value (``table_value``: bounded; RocksDB, changelog co-partitioned with
+   ``effects.events``), one state for ``effects.state`` (compacted) and, when the effect became
+   uncertain, an ``UncertainEffect`` for ``effects.uncertain``; an event that cannot be applied, or
+   would make the value too large, is dead-lettered;
+3. write them all together and wait until Kafka acknowledged every record (``batch_writer``: the
+   order of those writes is written there);
+4. count the batch's offsets as processed (lookups wait on them); faust acknowledges the batch's
+   events once this returns.
 
 Claims: folding the first intent of an attempt (in the partition's order), the fold records a
 ``Claimed`` verdict naming it, in the same table write (``batch.fold_key``, ``effect.claim_verdict``);
@@ -60,6 +62,7 @@ from faust.web import Request, Response, View
 
 from effect_ledger.processors import faust_internals, retirement, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
+from effect_ledger.processors.batch_writer import BatchWriter
 from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
 from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, throughput_settings
 from effect_ledger.processors.lookup_route import LookupRoute
@@ -72,6 +75,7 @@ from effect_ledger.streams.lookup import TOKEN_ENV
 from effect_ledger.streams.model import Event, Executed, Retirement, State, Timeout, misplaced
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.reconcile import Target
+from effect_ledger.streams.relay import producer_config
 from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.processor")
@@ -192,6 +196,7 @@ class LedgerProcessor:
         self.processed: dict[int, int] = {}  # partition -> last offset of effects.events folded
         self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
         self._cache: dict[str, tuple[bytes, Effect]] = {}
+        self._out: BatchWriter | None = None  # made on first use, in the worker's process
         self.route = LookupRoute(
             partitions=k.partitions,
             bound_s=settings.lookup_bound_s,
@@ -239,6 +244,8 @@ class LedgerProcessor:
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
             self.index.forget()
+            # Another worker may write these keys now: what this one cached is no longer the table.
+            self._cache.clear()
 
         processor = self
 
@@ -323,12 +330,14 @@ class LedgerProcessor:
                 for key, evs in group_by_key(items).items():
                     await self._fold_key(key, evs)
                 items = []
+                await self.out.flush()  # what the retirement reads is in the table
                 with faust_internals.as_current_event(event):
                     await retirement.apply(self, msg, ev)
             elif ev is not None:
                 items.append((ev.effect_id, event, ev))
         for key, evs in group_by_key(items).items():
             await self._fold_key(key, evs)
+        await self.out.flush()
         for (from_decisions, p), offset in done.items():
             (self.processed_decisions if from_decisions else self.processed)[p] = offset
 
@@ -366,14 +375,20 @@ class LedgerProcessor:
         part = last.message.partition
         # The table reads and writes the partition of faust's current event: this key's.
         with faust_internals.as_current_event(last):
-            previous = self.table.get(key)
+            cached = self._cache.get(key)
+            # A key this worker wrote since it was given the partition is in the table as cached
+            # (the cache is emptied whenever partitions are revoked): no read.
+            previous = cached[0] if cached is not None else self.table.get(key)
             if retirement.is_marker(previous):
                 assert previous is not None
                 for event, _ev in evs:  # a retired key stays retired: nothing brings it back
                     await self.dead_letter(event.message, retirement.refusal(previous))
                 return
             try:
-                before = self._load(key, previous) if previous is not None else None
+                if cached is not None:
+                    before = cached[1]
+                else:
+                    before = self._load(key, previous) if previous is not None else None
             except Exception as e:  # a value this release cannot read must not stop the partition
                 for event, _ev in evs:
                     await self.dead_letter(event.message, f"cannot read the table value: {type(e).__name__}: {e}")
@@ -394,10 +409,10 @@ class LedgerProcessor:
                     # the table write but before its changelog record and the state were
                     # delivered. Both writes are idempotent: write them again rather than risk
                     # them being lost.
-                    self.table[key] = previous
-                    await self._publish(key, before, (), part)
+                    self.out.put(part, self.table_key(key), previous)
+                    self._publish(key, before, (), part)
                 return
-            self.table[key] = result.value
+            self.out.put(part, self.table_key(key), result.value)
         if self.metrics is not None:
             for b, a, ev in result.steps:
                 self._observe(b, a, ev)
@@ -405,20 +420,37 @@ class LedgerProcessor:
         if len(self._cache) > _CACHE_KEYS:
             self._cache.pop(next(iter(self._cache)))
         self.index.set(key, part, due[0])
-        await self._publish(key, after, result.emitted, part)
+        self._publish(key, after, result.emitted, part)
 
-    async def _publish(self, key: str, effect: Effect, emitted: Any, part: int) -> None:
-        # The outputs are co-partitioned with effects.events (same key, same partition count):
-        # naming the partition saves the producer a pure-Python murmur2 per record.
+    def table_key(self, key: str) -> bytes:
+        """The bytes the table stores ``key`` under."""
+        return faust_internals.table_key(self.table, key)
+
+    @property
+    def out(self) -> BatchWriter:
+        """The writer of the current batch's table values and records (``batch_writer``)."""
+        if self._out is None:
+            from confluent_kafka import Producer
+
+            db_for, write_batch = faust_internals.table_partitions(self.table)
+            self._out = BatchWriter(
+                Producer(producer_config(self.s.kafka)),
+                self.table.changelog_topic.get_topic_name(),
+                db_for,
+                write_batch,
+                lambda p, offset: faust_internals.persist_changelog_offset(self.table, p, offset),
+            )
+        return self._out
+
+    def _publish(self, key: str, effect: Effect, emitted: Any, part: int) -> None:
+        # The outputs are co-partitioned with effects.events (same key, same partition count).
         kb = key.encode()
         st = to_state(effect)
-        await self.state_topic.send(
-            key=kb, value=self.codec.encode(st, validate=False), headers=[self.codec.header(st)], partition=part
+        self.out.produce(
+            self.state_topic.get_topic_name(), part, kb, self.codec.encode(st, validate=False), [self.codec.header(st)]
         )
         for u in emitted:
-            await self.uncertain.send(
-                key=kb, value=self.codec.encode(u), headers=[self.codec.header(u)], partition=part
-            )
+            self.out.produce(self.uncertain.get_topic_name(), part, kb, self.codec.encode(u), [self.codec.header(u)])
 
     def _observe(self, before: Effect | None, after: Effect, ev: Any) -> None:
         """Counters for one folded change (the effect is decoded already: nothing is read)."""

@@ -85,11 +85,12 @@ async def apply(processor: Any, msg: Any, cmd: Retirement) -> None:
             log.info("retirement of %s not applied: %s", key, why)
             return
         marker = Retired.of(effect, cmd.at_ms)
-        processor.table[key] = marker_value(marker)
+        processor.out.put(msg.partition, processor.table_key(key), marker_value(marker))
         processor._cache.pop(key, None)
         processor.index.discard(key)
-    # The tombstone (again, for a replayed command: it may be what the crash lost).
-    await processor.state_topic.send(key=key.encode(), value=None, partition=msg.partition)
+    # The tombstone (again, for a replayed command: it may be what the crash lost), written with the
+    # batch's other records (``batch_writer``).
+    processor.out.produce(processor.state_topic.get_topic_name(), msg.partition, key.encode(), None)
 
 
 __all__ = ["MARKER_FORMAT", "apply", "is_marker", "marker_of", "marker_value", "lookup_answer", "refusal"]

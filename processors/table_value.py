@@ -52,6 +52,7 @@ _COUNT = struct.Struct(">I")
 BLOB_BYTES = 512  # strings this long or longer are stored as blobs (deduplicated, unescaped)
 ELIDE_OVER = 1024  # payloads the fold does not read are replaced by a marker from this size on
 ELIDED = "effect_ledger.elided"  # the key of the marker of a payload left out of the table
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # one encoder for every write
 
 
 class TableValueTooLarge(ValueError):
@@ -247,9 +248,7 @@ def _converter(hint: Any) -> Converter:
 def encode(effect: Effect, due_ms: int | None) -> bytes:
     """The table value of ``effect`` (slimmed). ``TableValueTooLarge`` over the limit."""
     w = _Writer()
-    skeleton = json.dumps(w.dump(slim(effect)), separators=(",", ":"), ensure_ascii=False).encode(
-        "utf-8", "surrogatepass"
-    )
+    skeleton = _JSON.encode(w.dump(slim(effect))).encode("utf-8", "surrogatepass")
     blobs = w.blobs
     parts = [_HEADER.pack(FORMAT, -1 if due_ms is None else due_ms), _COUNT.pack(len(blobs))]
     for text in blobs:  # dicts keep insertion order: index i is the i-th blob

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import faust
 import faust.streams
@@ -83,3 +84,49 @@ def test_no_current_event_hides_the_ambient_one() -> None:
         with faust_internals.no_current_event():
             assert faust.streams.current_event() is None
         assert faust.streams.current_event() is event
+
+
+def _table(tmp_path: Path, store: str) -> object:
+    app = faust.App("internals-table", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), store=store)
+    options = {"driver": "rocksdict"} if store.startswith("rocksdb") else None
+    return app.Table("effects", default=None, partitions=4, key_type=str, value_type=bytes, options=options)
+
+
+def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
+    """A batch written through ``table_partitions`` under ``table_key`` is what the table reads, in
+    the key's partition (current event) and by key alone, in both stores."""
+    for store in ("rocksdb://", "memory://"):
+
+        async def check(store: str = store) -> None:
+            table: Any = _table(tmp_path / store[:-3], store)
+            db_for, write_batch = faust_internals.table_partitions(table)
+            batch = write_batch()
+            batch.put(faust_internals.table_key(table, "payments:é1"), b"value-1")
+            db_for(2).write(batch)
+            event = _Event()
+            with faust_internals.as_current_event(event):
+                assert table.get("payments:é1") == b"value-1"
+            with faust_internals.no_current_event():
+                assert table.get("payments:é1") == b"value-1"
+                assert table.get("payments:other") is None
+
+        asyncio.run(check())
+
+
+def test_table_key_is_the_changelogs_key(tmp_path: Path) -> None:
+    async def check() -> None:
+        table: Any = _table(tmp_path, "rocksdb://")
+        # what faust's own changelog send uses for the key (the table's key serializer: JSON)
+        assert faust_internals.table_key(table, "payments:é1") == '"payments:é1"'.encode()
+
+    asyncio.run(check())
+
+
+def test_persist_changelog_offset_is_what_recovery_reads(tmp_path: Path) -> None:
+    async def check() -> None:
+        table: Any = _table(tmp_path, "rocksdb://")
+        faust_internals.persist_changelog_offset(table, 3, 41)
+        tp = TP(table.changelog_topic.get_topic_name(), 3)
+        assert table.data.persisted_offset(tp) == 41
+
+    asyncio.run(check())

@@ -1,0 +1,133 @@
+"""One batch's writes, made together: the processor's table (its RocksDB partitions and its
+changelog) and the records it publishes (``effects.state``, ``effects.uncertain``).
+
+Folding a batch, the processor hands every changed key's table value and every output record to a
+``BatchWriter``; ``flush`` then makes them durable in this order, before the batch's source offsets
+can be acknowledged (faust commits only acknowledged offsets, after the batch returns):
+
+1. the table values, one RocksDB write batch per partition (faust's store of the table: reads in
+   the same process see them at once);
+2. the changelog records and the output records, produced through one librdkafka producer
+   (idempotent, ``acks=all``, retried until the broker is back: a key's records are never
+   reordered);
+3. wait until every record of the batch is acknowledged;
+4. remember the last changelog offset per partition in the store (faust's "persisted offset": a
+   restarted worker recovers the changelog from there).
+
+A crash anywhere in between loses nothing: the batch's events were not acknowledged, so they are
+delivered again and folded again; the fold ignores what it has seen and the writes repeat (a
+table value and a compacted state record written twice are the same record). A record Kafka
+refuses for good (too large, no such topic) raises ``OutputRefused``: the batch is not
+acknowledged and the worker stops, rather than acknowledge events whose outputs are lost.
+
+Why not faust's own table writes and producer: per record they cost ~20x this path here (a future,
+a callback and a RocksDB put of the offset per changelog record, aiokafka's pure-Python record
+batches; ``make bench``, processor_throughput).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from effect_ledger.streams.errors import LedgerError
+
+_FLUSH_SLICE_S = 1.0  # one wait for deliveries in the flushing thread; repeated until all are in
+
+
+class OutputRefused(LedgerError):
+    """Kafka refused a record of the processor's batch for good: the batch is not acknowledged."""
+
+
+class BatchWriter:
+    """Collects one batch's table values and output records; ``flush`` writes them (module docstring).
+
+    ``producer``: a confluent-kafka ``Producer`` (idempotent, acks=all); ``db_for``: partition ->
+    the table's RocksDB of that partition; ``write_batch``: a new empty write batch;
+    ``persist_offset``: (partition, changelog offset) -> remember it; ``changelog``: the table's
+    changelog topic."""
+
+    def __init__(
+        self,
+        producer: Any,
+        changelog: str,
+        db_for: Callable[[int], Any],
+        write_batch: Callable[[], Any],
+        persist_offset: Callable[[int, int], None],
+    ) -> None:
+        self._producer = producer
+        self._changelog = changelog
+        self._db_for = db_for
+        self._write_batch = write_batch
+        self._persist_offset = persist_offset
+        self._table: dict[int, dict[bytes, bytes]] = {}
+        self._records: list[tuple[str, int, bytes, bytes | None, list[tuple[str, bytes]] | None]] = []
+        self._errors: list[str] = []
+        self._changelog_offsets: dict[int, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._records) + sum(len(v) for v in self._table.values())
+
+    def put(self, partition: int, key: bytes, value: bytes) -> None:
+        """The key's new table value (and its changelog record), in ``partition``."""
+        self._table.setdefault(partition, {})[key] = value
+
+    def produce(self, topic: str, partition: int, key: bytes, value: bytes | None,
+                headers: list[tuple[str, bytes]] | None = None) -> None:  # fmt: skip
+        """An output record (in the order given)."""
+        self._records.append((topic, partition, key, value, headers))
+
+    async def flush(self) -> None:
+        """Write everything collected, in the module docstring's order; return once Kafka has
+        acknowledged every record. Raises ``OutputRefused`` when Kafka refused one for good."""
+        if not self._table and not self._records:
+            return
+        table, records = self._table, self._records
+        self._table, self._records = {}, []
+        self._errors, self._changelog_offsets = [], {}
+        # 1. the table's RocksDB partitions
+        for partition, values in table.items():
+            batch = self._write_batch()
+            for key, value in values.items():
+                batch.put(key, value)
+            self._db_for(partition).write(batch)
+        # 2. the changelog and the outputs
+        for partition, values in table.items():
+            for key, value in values.items():
+                self._send(self._changelog, partition, key, value, None, self._on_changelog)
+        for topic, partition, key, value, headers in records:
+            self._send(topic, partition, key, value, headers, self._on_output)
+        # 3. every record acknowledged (the wait runs in a thread: the loop keeps serving lookups)
+        while len(self._producer) > 0:
+            await asyncio.to_thread(self._producer.flush, _FLUSH_SLICE_S)
+        if self._errors:
+            raise OutputRefused(f"Kafka refused {len(self._errors)} record(s) of the batch: {self._errors[0]}")
+        # 4. where a restarted worker recovers the changelog from
+        for partition, offset in self._changelog_offsets.items():
+            self._persist_offset(partition, offset)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Deliver what is still queued (nothing, after a flush) and let the producer go."""
+        self._producer.flush(timeout_s)
+
+    def _send(self, topic: str, partition: int, key: bytes, value: bytes | None,
+              headers: list[tuple[str, bytes]] | None, on_delivery: Callable[[Any, Any], None]) -> None:  # fmt: skip
+        while True:
+            try:
+                self._producer.produce(topic, value, key, partition=partition, headers=headers, on_delivery=on_delivery)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.05)
+
+    def _on_changelog(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+            return
+        p, off = msg.partition(), msg.offset()
+        if off > self._changelog_offsets.get(p, -1):
+            self._changelog_offsets[p] = off
+
+    def _on_output(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")

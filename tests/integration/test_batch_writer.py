@@ -1,0 +1,90 @@
+"""The processor's batch writer against the real broker and a real RocksDB (processors/batch_writer.py):
+what ``flush`` returns from is in the store, acknowledged on the topics, and the changelog offset
+remembered; nothing is written before ``flush``."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import rocksdict
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from effect_ledger.processors.batch_writer import BatchWriter, OutputRefused
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.relay import producer_config
+
+
+def _read_all(cfg: KafkaConfig, topic: str, partition: int, want: int) -> list[tuple[bytes, bytes | None]]:
+    c = Consumer(cfg.confluent(**{"group.id": "unused", "enable.auto.commit": False}))
+    c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+    out: list[tuple[bytes, bytes | None]] = []
+    try:
+        for _ in range(100):  # bounded: 100 polls of up to 0.2 s
+            if len(out) >= want:
+                break
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                out.append((m.key(), m.value()))
+    finally:
+        c.close()
+    return out
+
+
+def test_flush_writes_the_store_then_the_topics_then_the_changelog_offset(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    cfg = kafka_config
+    changelog = f"{cfg.prefix}writer-changelog"
+    admin = AdminClient(cfg.confluent())
+    for f in admin.create_topics([NewTopic(changelog, num_partitions=3, replication_factor=1)]).values():
+        f.result(30)
+    dbs: dict[int, rocksdict.Rdict] = {}
+
+    def db_for(p: int) -> rocksdict.Rdict:
+        if p not in dbs:
+            dbs[p] = rocksdict.Rdict(str(tmp_path / f"p{p}"), options=rocksdict.Options(raw_mode=True))
+        return dbs[p]
+
+    persisted: dict[int, int] = {}
+    w = BatchWriter(Producer(producer_config(cfg)), changelog, db_for, lambda: rocksdict.WriteBatch(raw_mode=True),
+                    persisted.__setitem__)  # fmt: skip
+    w.put(1, b'"k1"', b"v1")
+    w.put(1, b'"k2"', b"v2")
+    w.put(2, b'"k3"', b"v3")
+    w.produce(cfg.topics.state, 1, b"k1", b"state-1", [("h", b"x")])
+    w.produce(cfg.topics.state, 1, b"k2", None)  # a tombstone
+    assert len(w) == 5
+    assert db_for(1).get(b'"k1"') is None and not persisted  # nothing before flush
+
+
+
+    asyncio.run(w.flush())
+    assert db_for(1)[b'"k1"'] == b"v1" and db_for(1)[b'"k2"'] == b"v2" and db_for(2)[b'"k3"'] == b"v3"
+    assert _read_all(cfg, cfg.topics.state, 1, 2) == [(b"k1", b"state-1"), (b"k2", None)]
+    assert sorted(_read_all(cfg, changelog, 1, 2)) == [(b'"k1"', b"v1"), (b'"k2"', b"v2")]
+    assert persisted == {1: 1, 2: 0}  # the last changelog offset per partition
+    assert len(w) == 0
+    asyncio.run(w.flush())  # nothing collected: nothing written
+    assert persisted == {1: 1, 2: 0}
+    w.close()
+    for db in dbs.values():
+        db.close()
+
+
+def test_a_record_kafka_refuses_for_good_fails_the_flush(kafka_config: KafkaConfig, tmp_path: Path) -> None:
+    """Too large for the topic: the batch must not count as written (its events are not acknowledged)."""
+    cfg = kafka_config
+    persisted: dict[int, int] = {}
+    db = rocksdict.Rdict(str(tmp_path / "p0"), options=rocksdict.Options(raw_mode=True))
+    w = BatchWriter(Producer(producer_config(cfg, **{"message.max.bytes": 20_000_000})), f"{cfg.prefix}cl",
+                    lambda p: db, lambda: rocksdict.WriteBatch(raw_mode=True), persisted.__setitem__)  # fmt: skip
+    w.produce(cfg.topics.state, 0, b"k", b"x" * 5_000_000)  # over the broker's 1 MB default
+
+
+    with pytest.raises(OutputRefused, match="state"):
+        asyncio.run(w.flush())
+    w.close()
+    db.close()
