@@ -101,7 +101,10 @@ def test_a_key_larger_than_a_record_folds_and_recovers_from_the_changelog(
             answers.append(second.lookup(key))
             return answers[-1][0] != 503
 
-        wait_for(answered, WAIT, "the rebuilt worker to answer the lookup")
+        try:
+            wait_for(answered, WAIT, "the rebuilt worker to answer the lookup")
+        except TimeoutError as e:  # say what the worker was doing
+            raise AssertionError(f"{e}; last answer {answers[-1:]}; worker log:\n{second.log()[-6000:]}") from None
         status, body = answers[-1]
         assert status == 200, body
         codec = default_codec()
