@@ -10,7 +10,7 @@ from faust.sensors import Monitor
 
 #: Most events handed to one batch of the fold, and how long a batch waits to fill.
 BATCH_MAX = 2000
-BATCH_WITHIN_S = 0.05
+BATCH_WITHIN_S = 0.005
 
 
 class QuietMonitor(Monitor):

@@ -55,8 +55,10 @@ class LookupRoute:
     #: key -> the answer for a retired key (status 410), or None
     retired: Callable[[str], dict[str, Any] | None] = lambda _key: None
     clock: Callable[[], float] = time.monotonic
+    #: waits at most the given seconds for the fold to move on (the processor wakes it after
+    #: every batch, so a lookup answers as soon as its offsets are folded)
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    poll_s: float = 0.01
+    poll_s: float = 0.05
 
     async def get(
         self, key: str, authorization: str = "", owner_only: bool = False, query: Mapping[str, str] | None = None

@@ -49,6 +49,8 @@ processor still needs live in ``faust_internals``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -210,7 +212,9 @@ class LedgerProcessor:
             encode_event=lambda ev: self.codec.encode(ev, validate=False),
             peers=lambda: faust_internals.peer_urls(self.app),
             retired=self._retired_answer,
+            sleep=self._until_next_batch,
         )
+        self._batch_done = asyncio.Event()  # set (and replaced) after every batch: lookups wait on it
         self._register()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -340,6 +344,13 @@ class LedgerProcessor:
         await self.out.flush()
         for (from_decisions, p), offset in done.items():
             (self.processed_decisions if from_decisions else self.processed)[p] = offset
+        self._batch_done.set()
+        self._batch_done = asyncio.Event()
+
+    async def _until_next_batch(self, timeout_s: float) -> None:
+        """Return once the next batch is folded, or after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._batch_done.wait(), timeout_s)
 
     async def _accept(self, event: Any, from_decisions: bool) -> Event | Retirement | None:
         """The event in a record, or None when it was dead-lettered."""
