@@ -44,9 +44,9 @@ from typing import Any, NamedTuple
 
 from effect_ledger.streams import erasure, retire_store, tables
 from effect_ledger.streams.codec import Codec, default_codec
-from effect_ledger.streams.effect import Effect, apply, begin
+from effect_ledger.streams.effect import Effect, absorb
 from effect_ledger.streams.errors import LedgerClosed, StorageError
-from effect_ledger.streams.model import Event, Intent, State, UncertainEffect
+from effect_ledger.streams.model import Event, State
 from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 
 
@@ -131,7 +131,6 @@ class _Write:
 
 class Appended(NamedTuple):
     effect: Effect
-    emitted: list[UncertainEffect]
     seq: int | None  # the last new event's seq (None: nothing new was written)
 
 
@@ -351,9 +350,7 @@ class Store:
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
-        effect: Effect | None = None
-        for (body,) in rows:
-            effect, _ = apply(effect, self.codec.decode(body))
+        effect, _ = absorb(None, [self.codec.decode(body) for (body,) in rows])  # derived once
         return Loaded(effect, Claim(row[0], row[1]) if row else Claim(None, None))
 
     async def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -449,20 +446,11 @@ class Store:
         """Fold ``events`` into ``before`` and write them durably in one transaction, if nobody
         wrote the effect since ``before`` was loaded; raises ``VersionConflict`` otherwise.
         ``sent``: the events are already on Kafka (imported from the processor), not for the relay."""
-        after = before
-        emitted: list[UncertainEffect] = []
-        new: list[Event] = []
-        if before is None and len(events) == 1 and type(events[0]) is Intent:
-            after, new, events = begin(events[0]), list(events), ()  # a fresh key: nothing to fold
-        for e in events:
-            folded, out = apply(after, e)
-            if folded is not after:
-                new.append(e)  # an event the effect already holds is not stored twice
-            after = folded
-            emitted.extend(out)
+        after, new = absorb(before, events)
+        if not new:
+            assert after is not None
+            return Appended(after, None)  # every event was already known: nothing to write
         assert after is not None
-        if after is before:
-            return Appended(after, [], None)  # every event was already known: nothing to write
         # Events built by the SDK are typed by construction: skip the codec's value validation here.
         encoded = [
             (e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e, validate=False)) for e in new
@@ -485,7 +473,7 @@ class Store:
         if not sent:
             for listener in self._listeners:
                 listener(seq)
-        return Appended(after, emitted, seq)
+        return Appended(after, seq)
 
     async def _commit(self, op: _Op) -> Any:
         """Group commit: writes that arrive while a transaction is in flight (or in the same turn
