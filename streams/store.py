@@ -67,6 +67,10 @@ WAL_LIMIT_BYTES = 32 * 1024 * 1024
 #: Page size of a new file (an existing file keeps its own). Small pages: an effect changes a
 #: few rows scattered over several b-trees, and every changed page goes to the WAL whole.
 PAGE_SIZE = 1024
+#: Lone commits look at the WAL's size once they wrote about this much (a stat per commit costs more
+#: than the rest of the check): the WAL can pass ``WAL_LIMIT_BYTES`` by this, and one write, at most.
+_CHECK_WAL_EVERY_BYTES = 256 * 1024
+_PAGES_PER_WRITE = 16  # a generous count of the pages one effect's write changes
 #: A group commit of this many writes or more goes to the store's thread (one hop for all).
 _HOP_BATCH = 2
 #: How long a write waits for a file another process has locked (on the store's thread).
@@ -127,6 +131,11 @@ class _Write:
     encoded: list[tuple[str, str, str, int, bytes]]
     sent: int
     durable: bool  # needs the store's durability level (an intent); else NORMAL is enough
+
+    @property
+    def size(self) -> int:
+        """About what the write adds to the WAL: its events and a few pages of rows and indexes."""
+        return sum(len(e[4]) for e in self.encoded) + _PAGES_PER_WRITE * PAGE_SIZE
 
 
 class Appended(NamedTuple):
@@ -254,6 +263,7 @@ class Store:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
         self._wal = str(path) + "-wal"  # a str: os.stat of a Path converts it on every commit
         self._wal_retry_bytes = 0  # a bounding checkpoint that could not finish is retried past this size
+        self._unchecked = 0  # about how many bytes lone commits wrote since the WAL's size was looked at
         # Held by a checkpoint of this store: the bounding one waits for a background round to end
         # rather than failing on SQLite's checkpoint lock (and a round skips while it runs).
         self._checkpointing = threading.Lock()
@@ -487,7 +497,14 @@ class Store:
         self._pending.append((op, fut))
         if self._flusher is None and not self._kicked:
             self._kicked = True
-            loop.call_soon(self._kick)
+            # The tasks that are ready in this turn of the loop add their writes first (one commit
+            # for all of them), then this task commits: one turn of the loop per write, not two
+            # (a turn for the commit, another for the waiter's wake-up). Cancelled meanwhile, it
+            # commits all the same: the writes of the other tasks are waiting for it.
+            try:
+                await asyncio.sleep(0)
+            finally:
+                self._kick()
         return await fut
 
     def _kick(self) -> None:
@@ -519,6 +536,11 @@ class Store:
                     self._pending = []
                     if not fut.done():
                         fut.set_result(result)
+                    # The WAL's size is looked at once some writing has accumulated, not per commit.
+                    self._unchecked += op.size if isinstance(op, _Write) else _CHECK_WAL_EVERY_BYTES
+                    if self._unchecked < _CHECK_WAL_EVERY_BYTES:
+                        return
+                    self._unchecked = 0
                     if not self._wal_over():
                         return
         self._flusher = asyncio.create_task(self._flush())
