@@ -388,9 +388,7 @@ def to_state(effect: Effect) -> EffectState:
         step=i.step if i else "",
         request_digest=i.request_digest if i else "",
         attempt=effect.attempt,
-        # The facts agents, reconcilers and people wrote: the processor's own claim verdicts are not
-        # counted, so an agent's file that never asked the processor publishes the same version.
-        version=effect.version - sum(1 for f in effect.facts if isinstance(f, Claimed)),
+        version=state_version(effect),
         created_ms=effect.created_ms,
         updated_ms=effect.updated_ms,
         deadline_ms=effect.deadline_ms,
@@ -400,6 +398,13 @@ def to_state(effect: Effect) -> EffectState:
         flags=tuple(f.value for f in effect.flags),
         reason=effect.reason,
     )
+
+
+def state_version(effect: Effect) -> int:
+    """The version a state record publishes: the facts agents, reconcilers and people wrote. The
+    processor's own claim verdicts are not counted, so an agent's file that never asked the
+    processor publishes the same version."""
+    return effect.version - sum(1 for f in effect.facts if isinstance(f, Claimed))
 
 
 def _evidence_of(f: Event) -> Evidence | None:

@@ -589,7 +589,14 @@ class Store:
             raise _storage_error(self.path, e) from e
 
     def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
-        """``fn(arg)`` on the store's thread, waiting for a locked file."""
+        """``fn(arg)`` on the store's thread, waiting for a locked file. Tried at once first (a file
+        nobody else holds, the common case, costs no setting of the timeout and back); on
+        SQLITE_BUSY the transaction was rolled back, and it runs again, waiting for the lock."""
+        try:
+            return fn(arg)
+        except sqlite3.OperationalError as e:
+            if not _is_busy(e):
+                raise
         self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         try:
             return fn(arg)
