@@ -508,10 +508,10 @@ class Store:
         return await fut
 
     def _kick(self) -> None:
-        """The turn of the loop after a write arrived with nothing in flight: what is pending by
-        now commits together. A lone write that needs no fsync commits right here, on the loop's
-        thread, without a task; anything else (several writes, an fsync, a locked file, a WAL to
-        bound) is the flusher task's."""
+        """Run by the task whose write arrived with nothing in flight, one turn of the loop later:
+        what is pending by now commits together. A lone write that needs no fsync commits right
+        here, on the loop's thread, in that task; anything else (several writes, an fsync, a locked
+        file, a WAL to bound) is the flusher task's."""
         self._kicked = False
         if self._flusher is not None or not self._pending:
             return  # the flusher takes what is pending
