@@ -186,7 +186,7 @@ def _not_followed(policy: Redirects, nxt: URL | None, home: tuple[str, str, int 
     if origin(nxt) != home:
         return "another origin; never followed (only the destination's own answer counts)"
     if policy == "none":
-        return 'not followed (redirects = "none"; "same-origin" follows it)'
+        return "not followed (redirects = \"none\"; \"same-origin\" follows it)"
     if hop >= MAX_REDIRECTS:
         return f"more than {MAX_REDIRECTS} redirects; not followed"
     return None

@@ -104,13 +104,8 @@ def receipt_text(value: Any) -> tuple[str, str | None]:
     if size > MAX_RECEIPT_BYTES:
         data = text.encode()
         why = f"{len(data)} bytes of JSON, over the {MAX_RECEIPT_BYTES}-byte limit"
-        return _marker(
-            value,
-            why,
-            bytes=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
-            head=data[:_HEAD_BYTES].decode("utf-8", "ignore"),
-        ), why
+        return _marker(value, why, bytes=len(data), sha256=hashlib.sha256(data).hexdigest(),
+                       head=data[:_HEAD_BYTES].decode("utf-8", "ignore")), why
     if text.startswith(INEXACT_PREFIX):  # a value that looks like the marker must not pass for one
         why = f"uses the reserved key {INEXACT!r}"
         return _not_json(value, why), why

@@ -363,19 +363,10 @@ class Relay:
         """Dead-letter the rows Kafka refused for good (see the module docstring for the order)."""
         by_seq = {r[0]: r for r in rows}
         letters = [
-            (
-                by_seq[seq][1],
-                DeadLetter(
-                    _now_ms(),
-                    "relay",
-                    self.topic,
-                    -1,
-                    seq,
-                    reason,
-                    by_seq[seq][1].encode(),
-                    by_seq[seq][3][:MAX_DEAD_LETTER_COPY_BYTES],
-                ),
-            )
+            (by_seq[seq][1], DeadLetter(
+                _now_ms(), "relay", self.topic, -1, seq, reason,
+                by_seq[seq][1].encode(), by_seq[seq][3][:MAX_DEAD_LETTER_COPY_BYTES],
+            ))
             for seq, reason in refused
         ]
         for key, letter in letters:

@@ -207,14 +207,8 @@ class SyncLedger:
         )
 
     def record_receipt(
-        self,
-        key: str,
-        receipt_id: str,
-        value: Any = None,
-        *,
-        source: ReceiptSource | str = ReceiptSource.WEBHOOK,
-        attempt: int = 0,
-        allow_unknown: bool = False,
+        self, key: str, receipt_id: str, value: Any = None, *, source: ReceiptSource | str = ReceiptSource.WEBHOOK,
+        attempt: int = 0, allow_unknown: bool = False,
     ) -> Effect:
         """``Ledger.record_receipt``."""
         return self._run(
@@ -238,11 +232,7 @@ class SyncLedger:
         return self._run(self._ledger.expire(key))
 
     def effect(
-        self,
-        *,
-        target: str,
-        operation: str | None = None,
-        timeout: float | None = None,
+        self, *, target: str, operation: str | None = None, timeout: float | None = None,
         key_arg: str = "idempotency_key",
     ) -> Callable[[F], Callable[..., Any]]:
         """``Ledger.effect`` for a plain function: its arguments are the request, it receives the

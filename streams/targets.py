@@ -196,8 +196,8 @@ def _target(name: str, body: Any, where: _Where) -> Target:
     lookup, reconciler_ref = body.get("lookup"), body.get("reconciler")
     if (lookup is None) == (reconciler_ref is None):
         raise fail(
-            'say how to ask it, with exactly one of: lookup = "URL with {key}", reconciler = "module:attr", '
-            'or lookup = "none" (nothing can ask it: uncertain effects go to a person)',
+            "say how to ask it, with exactly one of: lookup = \"URL with {key}\", reconciler = \"module:attr\", "
+            "or lookup = \"none\" (nothing can ask it: uncertain effects go to a person)",
             "lookup" if lookup is not None else None,
         )
     http_fields = sorted(set(body) & _HTTP)
@@ -208,7 +208,7 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         reconciler = _reconciler(_string(body, "reconciler", fail), fail)
     elif lookup == NONE:
         if http_fields:
-            raise fail(f'{http_fields[0]!r} applies to an HTTP lookup, and lookup is "none"', http_fields[0])
+            raise fail(f"{http_fields[0]!r} applies to an HTTP lookup, and lookup is \"none\"", http_fields[0])
         reconciler = None
     else:
         reconciler = _http(name, body, fail)
@@ -244,7 +244,7 @@ def _target(name: str, body: Any, where: _Where) -> Target:
 def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> HttpReconciler:
     url = _string(body, "lookup", fail)
     if "{key}" not in url or not url.startswith(("http://", "https://")):
-        raise fail(f'lookup {url!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
+        raise fail(f"lookup {url!r} must be an http(s) URL with {{key}}, or \"none\"", "lookup")
     headers = body.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise fail("headers must be a table of strings", "headers")
@@ -296,7 +296,7 @@ def _backoff(spec: Any, fail: Callable[..., TargetsError]) -> Backoff:
     if spec is None:
         return Backoff()
     if not isinstance(spec, dict):
-        raise fail('backoff must be a table: { first = "1s", factor = 2, max = "5m", tries = 5 }', "backoff")
+        raise fail("backoff must be a table: { first = \"1s\", factor = 2, max = \"5m\", tries = 5 }", "backoff")
     unknown = set(spec) - _BACKOFF
     if unknown:
         raise fail(f"backoff: unknown setting {sorted(unknown)[0]!r} (known: first, factor, max, tries)", "backoff")
@@ -337,7 +337,7 @@ def _error_class(ref: str, fail: Callable[..., TargetsError]) -> type[BaseExcept
 def _import(ref: str, field: str, fail: Callable[..., TargetsError]) -> Any:
     mod_name, sep, attr = ref.partition(":")
     if not sep or not mod_name or not attr:
-        raise fail(f'{field}: {ref!r} must be "package.module:name"', field)
+        raise fail(f"{field}: {ref!r} must be \"package.module:name\"", field)
     try:
         obj: Any = importlib.import_module(mod_name)
         for part in attr.split("."):
@@ -371,7 +371,7 @@ def _strings(body: Mapping[str, Any], field: str, fail: Callable[..., TargetsErr
 
 def _duration(value: Any, field: str, fail: Callable[..., TargetsError]) -> int:
     if not isinstance(value, str):
-        raise fail(f'{field} must be a duration such as "90s", "10m", "24h"', field)
+        raise fail(f"{field} must be a duration such as \"90s\", \"10m\", \"24h\"", field)
     try:
         ms = duration_ms(value)
     except TimeSpecError as e:

@@ -44,7 +44,9 @@ def time_ms(text: str, now_ms: int | None = None) -> int:
         try:
             dt = datetime.fromisoformat(t.replace("Z", "+00:00"))
         except ValueError:
-            raise TimeSpecError(f"not a time: {text!r} (examples: 2026-11-29T10:00:00Z, now, -1h, epoch ms)") from None
+            raise TimeSpecError(
+                f"not a time: {text!r} (examples: 2026-11-29T10:00:00Z, now, -1h, epoch ms)"
+            ) from None
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=UTC)
         ms = int(dt.timestamp() * 1000)
