@@ -33,6 +33,7 @@ from fastavro.validation import validate as _validate
 
 from effect_ledger import schemas
 from effect_ledger.streams import model
+from effect_ledger.streams.avro_writer import compile_record
 from effect_ledger.streams.errors import LedgerError
 
 MAGIC = b"\xc3\x01"
@@ -90,6 +91,8 @@ class _Writer:
     parsed: Any
     prefix: bytes
     fields: tuple[str, ...]
+    # The compiled writer (``avro_writer``): header and body, as fastavro would write them.
+    fast: Callable[[Any], bytes] | None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -152,7 +155,8 @@ class Codec:
             missing = set(fields) ^ {f.name for f in dataclasses.fields(cls)}
             if missing:
                 raise RuntimeError(f"schema {full} and model {cls.__name__} disagree on {sorted(missing)}")
-            self._writers[cls] = _Writer(cls.__name__, full, parsed, prefix, fields)
+            fast = compile_record(parsed, prefix)
+            self._writers[cls] = _Writer(cls.__name__, full, parsed, prefix, fields, fast)
             self._current[full] = parsed
             self._builders[full] = _builder(cls)
             self._models[full] = cls
@@ -225,6 +229,12 @@ class Codec:
         1.5 into a long, None into a boolean). Only callers that built ``obj`` from typed values
         themselves (the SDK's own events, on its hot path) turn it off."""
         w = self._writer(type(obj))
+        if not validate and w.fast is not None:
+            try:
+                data = w.fast(obj)
+            except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as e:
+                raise EncodeError(f"cannot encode {w.name}: {e}") from e
+            return self.to_wire(data) if self.frame_writes else data
         record = {n: getattr(obj, n) for n in w.fields}
         if validate:
             try:

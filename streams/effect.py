@@ -42,6 +42,7 @@ How the state is derived (first rule that matches wins)::
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -177,6 +178,71 @@ def begin(intent: Intent) -> Effect:
         deadline_ms=intent.deadline_ms,
         created_ms=intent.at_ms,
         updated_ms=intent.at_ms,
+        reason=None,
+    )
+
+
+def absorb(effect: Effect | None, events: Sequence[Event]) -> tuple[Effect | None, list[Event]]:
+    """Fold several events at once: the effect ``fold(events, effect)`` gives, derived once instead
+    of once per event (the state is a function of the set of facts, so the order of folding does not
+    matter), and the events that were new to it, in the order given (a known event id, or one
+    repeated in ``events``, is not new). Unlike ``apply`` it emits nothing: its callers (the SDK's
+    writes) publish no reconcilers' work items. Raises like ``apply`` for a non-event or an event
+    of another key."""
+    known = {f.event_id for f in effect.facts} if effect is not None else set()
+    key = effect.effect_id if effect is not None else None
+    new: list[Event] = []
+    for e in events:
+        if not is_event(e):
+            raise TypeError(f"{type(e).__name__} is not an event and cannot be folded")
+        if key is None:
+            key = e.effect_id
+        elif e.effect_id != key:
+            raise ValueError(f"event for {e.effect_id!r} applied to effect {key!r}")
+        if e.event_id not in known:
+            known.add(e.event_id)
+            new.append(e)
+    if not new:
+        return effect, new
+    if effect is None and len(new) == 1 and type(new[0]) is Intent:
+        return begin(new[0]), new
+    if effect is not None and len(new) == 2:
+        settled = _settled(effect, new[0], new[1])
+        if settled is not None:
+            return settled, new
+    facts = sorted((*effect.facts, *new) if effect is not None else new, key=_sort_key)
+    return _derive(new[0].effect_id, tuple(facts)), new
+
+
+def _settled(effect: Effect, executed: Event, receipt: Event) -> Effect | None:
+    """The SDK's common outcome, without the fold: a successful call and the receipt it returned,
+    on an effect that holds only the intent of their attempt. What ``_derive`` gives for those
+    three facts (``tests/unit/test_effect_properties.py`` checks it against the fold); None for
+    any other shape."""
+    if len(effect.facts) != 1 or type(executed) is not Executed or type(receipt) is not Receipt:
+        return None
+    intent = effect.facts[0]
+    if (
+        type(intent) is not Intent
+        or executed.outcome is not Outcome.OK
+        or not intent.attempt == executed.attempt == receipt.attempt
+    ):
+        return None
+    ats = (intent.at_ms, executed.at_ms, receipt.at_ms)
+    return Effect(
+        effect_id=intent.effect_id,
+        facts=(intent, executed, receipt),  # the canonical order: one attempt, kinds in _KIND_ORDER
+        state=State.CONFIRMED,
+        attempt=intent.attempt,
+        intent=intent,
+        first_intent=intent,
+        receipt=Evidence(receipt.receipt_id, receipt.value, receipt.source, receipt.attempt, receipt.at_ms),
+        receipt_ids=(receipt.receipt_id,),
+        executions=1,
+        flags=(Flag.INEXACT_RECEIPT,) if receipt.value.startswith(INEXACT_PREFIX) else (),
+        deadline_ms=None,
+        created_ms=min(ats),
+        updated_ms=max(ats),
         reason=None,
     )
 
@@ -322,9 +388,7 @@ def to_state(effect: Effect) -> EffectState:
         step=i.step if i else "",
         request_digest=i.request_digest if i else "",
         attempt=effect.attempt,
-        # The facts agents, reconcilers and people wrote: the processor's own claim verdicts are not
-        # counted, so an agent's file that never asked the processor publishes the same version.
-        version=effect.version - sum(1 for f in effect.facts if isinstance(f, Claimed)),
+        version=state_version(effect),
         created_ms=effect.created_ms,
         updated_ms=effect.updated_ms,
         deadline_ms=effect.deadline_ms,
@@ -334,6 +398,13 @@ def to_state(effect: Effect) -> EffectState:
         flags=tuple(f.value for f in effect.flags),
         reason=effect.reason,
     )
+
+
+def state_version(effect: Effect) -> int:
+    """The version a state record publishes: the facts agents, reconcilers and people wrote. The
+    processor's own claim verdicts are not counted, so an agent's file that never asked the
+    processor publishes the same version."""
+    return effect.version - sum(1 for f in effect.facts if isinstance(f, Claimed))
 
 
 def _evidence_of(f: Event) -> Evidence | None:

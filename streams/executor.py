@@ -254,7 +254,7 @@ class Executor:
             worker=self.worker,
         )
         # The claim lives until the deadline: past it, the call cannot still be running here.
-        effect, _, intent_seq = await self.store.append(
+        effect, intent_seq = await self.store.append(
             before,
             [intent],
             now_ms=now,

@@ -44,9 +44,9 @@ from typing import Any, NamedTuple
 
 from effect_ledger.streams import erasure, retire_store, tables
 from effect_ledger.streams.codec import Codec, default_codec
-from effect_ledger.streams.effect import Effect, apply, begin
+from effect_ledger.streams.effect import Effect, absorb
 from effect_ledger.streams.errors import LedgerClosed, StorageError
-from effect_ledger.streams.model import Event, Intent, State, UncertainEffect
+from effect_ledger.streams.model import Event, State
 from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 
 
@@ -67,6 +67,10 @@ WAL_LIMIT_BYTES = 32 * 1024 * 1024
 #: Page size of a new file (an existing file keeps its own). Small pages: an effect changes a
 #: few rows scattered over several b-trees, and every changed page goes to the WAL whole.
 PAGE_SIZE = 1024
+#: Lone commits look at the WAL's size once they wrote about this much (a stat per commit costs more
+#: than the rest of the check): the WAL can pass ``WAL_LIMIT_BYTES`` by this, and one write, at most.
+_CHECK_WAL_EVERY_BYTES = 256 * 1024
+_PAGES_PER_WRITE = 16  # a generous count of the pages one effect's write changes
 #: A group commit of this many writes or more goes to the store's thread (one hop for all).
 _HOP_BATCH = 2
 #: How long a write waits for a file another process has locked (on the store's thread).
@@ -128,10 +132,14 @@ class _Write:
     sent: int
     durable: bool  # needs the store's durability level (an intent); else NORMAL is enough
 
+    @property
+    def size(self) -> int:
+        """About what the write adds to the WAL: its events and a few pages of rows and indexes."""
+        return sum(len(e[4]) for e in self.encoded) + _PAGES_PER_WRITE * PAGE_SIZE
+
 
 class Appended(NamedTuple):
     effect: Effect
-    emitted: list[UncertainEffect]
     seq: int | None  # the last new event's seq (None: nothing new was written)
 
 
@@ -255,6 +263,7 @@ class Store:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-store")
         self._wal = str(path) + "-wal"  # a str: os.stat of a Path converts it on every commit
         self._wal_retry_bytes = 0  # a bounding checkpoint that could not finish is retried past this size
+        self._unchecked = 0  # about how many bytes lone commits wrote since the WAL's size was looked at
         # Held by a checkpoint of this store: the bounding one waits for a background round to end
         # rather than failing on SQLite's checkpoint lock (and a round skips while it runs).
         self._checkpointing = threading.Lock()
@@ -351,9 +360,7 @@ class Store:
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
-        effect: Effect | None = None
-        for (body,) in rows:
-            effect, _ = apply(effect, self.codec.decode(body))
+        effect, _ = absorb(None, [self.codec.decode(body) for (body,) in rows])  # derived once
         return Loaded(effect, Claim(row[0], row[1]) if row else Claim(None, None))
 
     async def run(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
@@ -449,20 +456,11 @@ class Store:
         """Fold ``events`` into ``before`` and write them durably in one transaction, if nobody
         wrote the effect since ``before`` was loaded; raises ``VersionConflict`` otherwise.
         ``sent``: the events are already on Kafka (imported from the processor), not for the relay."""
-        after = before
-        emitted: list[UncertainEffect] = []
-        new: list[Event] = []
-        if before is None and len(events) == 1 and type(events[0]) is Intent:
-            after, new, events = begin(events[0]), list(events), ()  # a fresh key: nothing to fold
-        for e in events:
-            folded, out = apply(after, e)
-            if folded is not after:
-                new.append(e)  # an event the effect already holds is not stored twice
-            after = folded
-            emitted.extend(out)
+        after, new = absorb(before, events)
+        if not new:
+            assert after is not None
+            return Appended(after, None)  # every event was already known: nothing to write
         assert after is not None
-        if after is before:
-            return Appended(after, [], None)  # every event was already known: nothing to write
         # Events built by the SDK are typed by construction: skip the codec's value validation here.
         encoded = [
             (e.event_id, e.effect_id, type(e).__name__, e.at_ms, self.codec.encode(e, validate=False)) for e in new
@@ -485,7 +483,7 @@ class Store:
         if not sent:
             for listener in self._listeners:
                 listener(seq)
-        return Appended(after, emitted, seq)
+        return Appended(after, seq)
 
     async def _commit(self, op: _Op) -> Any:
         """Group commit: writes that arrive while a transaction is in flight (or in the same turn
@@ -499,14 +497,21 @@ class Store:
         self._pending.append((op, fut))
         if self._flusher is None and not self._kicked:
             self._kicked = True
-            loop.call_soon(self._kick)
+            # The tasks that are ready in this turn of the loop add their writes first (one commit
+            # for all of them), then this task commits: one turn of the loop per write, not two
+            # (a turn for the commit, another for the waiter's wake-up). Cancelled meanwhile, it
+            # commits all the same: the writes of the other tasks are waiting for it.
+            try:
+                await asyncio.sleep(0)
+            finally:
+                self._kick()
         return await fut
 
     def _kick(self) -> None:
-        """The turn of the loop after a write arrived with nothing in flight: what is pending by
-        now commits together. A lone write that needs no fsync commits right here, on the loop's
-        thread, without a task; anything else (several writes, an fsync, a locked file, a WAL to
-        bound) is the flusher task's."""
+        """Run by the task whose write arrived with nothing in flight, one turn of the loop later:
+        what is pending by now commits together. A lone write that needs no fsync commits right
+        here, on the loop's thread, in that task; anything else (several writes, an fsync, a locked
+        file, a WAL to bound) is the flusher task's."""
         self._kicked = False
         if self._flusher is not None or not self._pending:
             return  # the flusher takes what is pending
@@ -531,6 +536,11 @@ class Store:
                     self._pending = []
                     if not fut.done():
                         fut.set_result(result)
+                    # The WAL's size is looked at once some writing has accumulated, not per commit.
+                    self._unchecked += op.size if isinstance(op, _Write) else _CHECK_WAL_EVERY_BYTES
+                    if self._unchecked < _CHECK_WAL_EVERY_BYTES:
+                        return
+                    self._unchecked = 0
                     if not self._wal_over():
                         return
         self._flusher = asyncio.create_task(self._flush())
@@ -579,7 +589,14 @@ class Store:
             raise _storage_error(self.path, e) from e
 
     def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
-        """``fn(arg)`` on the store's thread, waiting for a locked file."""
+        """``fn(arg)`` on the store's thread, waiting for a locked file. Tried at once first (a file
+        nobody else holds, the common case, costs no setting of the timeout and back); on
+        SQLITE_BUSY the transaction was rolled back, and it runs again, waiting for the lock."""
+        try:
+            return fn(arg)
+        except sqlite3.OperationalError as e:
+            if not _is_busy(e):
+                raise
         self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         try:
             return fn(arg)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any, NamedTuple
 
-from effect_ledger.streams.effect import Effect, to_state
+from effect_ledger.streams.effect import Effect, state_version
 from effect_ledger.streams.model import IN_FLIGHT_STATES, OPEN_STATES, UNSETTLED_STATES, EffectState, State
 
 
@@ -112,8 +112,28 @@ def state_row(st: EffectState) -> dict[str, Any]:
 
 
 def effect_row(effect: Effect) -> dict[str, Any]:
-    """The ``effects`` row of a folded effect: its state record's row (``state_row``)."""
-    return state_row(to_state(effect))
+    """The ``effects`` row of a folded effect: its state record's row, ``state_row(to_state(effect))``
+    (``tests/unit/test_effect_properties.py`` checks that), built without the state record on the SDK's hot path."""
+    i = effect.first_intent
+    receipt = effect.receipt
+    return {
+        "effect_id": effect.effect_id,
+        "state": effect.state.value,
+        "target": i.target if i else "",
+        "operation": i.operation if i else "",
+        "namespace": i.namespace if i else "",
+        "run_id": i.run_id if i else "",
+        "step": i.step if i else "",
+        "attempt": effect.attempt,
+        "version": state_version(effect),
+        "created_ms": effect.created_ms,
+        "updated_ms": effect.updated_ms,
+        "deadline_ms": effect.deadline_ms,
+        "receipt_id": receipt.receipt_id if receipt else None,
+        "executions": effect.executions,
+        "flags": ",".join([f.value for f in effect.flags]),
+        "reason": effect.reason,
+    }
 
 
 class Due(NamedTuple):

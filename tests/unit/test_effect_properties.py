@@ -2,7 +2,7 @@
 
 Hypothesis profile note: no global profile is registered or loaded here; every property carries its
 own ``@settings(max_examples=EXAMPLES, deadline=None)`` with EXAMPLES = 500, so the file runs
-6 tests x 500 = 3,000 examples (about 12-18 s, nearly all of it generating histories).
+9 tests x 500 = 4,500 examples (about 12-18 s, nearly all of it generating histories).
 ``deadline=None`` because a fold of ~30 events can take a few ms on a loaded CI machine; that is not a
 failure.
 
@@ -20,7 +20,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from effect_ledger.streams.effect import Effect, apply, expire, fold, timeout_event_id
+from effect_ledger.streams.effect import Effect, absorb, apply, expire, fold, timeout_event_id, to_state
 from effect_ledger.streams.model import (
     Decision,
     DecisionKind,
@@ -38,6 +38,7 @@ from effect_ledger.streams.model import (
     Verdict,
 )
 from effect_ledger.streams.model import Timeout as TimeoutEvent
+from effect_ledger.streams.tables import effect_row, state_row
 
 EXAMPLES = 500
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None)
@@ -244,3 +245,54 @@ def test_state_is_a_state_and_uncertainty_is_always_emitted(events: list[Event],
         assert any(
             u.attempt == eff.attempt and u.event_id == f"uncertain:{eff.attempt}:{u.tries}:{KEY}" for u in emitted
         )
+
+
+@SETTINGS
+@given(events=histories(), data=st.data())
+def test_absorbing_several_events_at_once_is_the_fold(events: list[Event], data: st.DataObject) -> None:
+    """(h) ``absorb`` (one derive for several events, the SDK's writes and loads) gives the effect the
+    event-by-event fold gives, from any known prefix, with repeats; its new events are those the
+    effect did not hold, once each."""
+    cut = data.draw(st.integers(0, len(events)))
+    before = fold(events[:cut])
+    rest = list(events[cut:])
+    for _ in range(data.draw(st.integers(0, 3))):
+        rest.insert(data.draw(st.integers(0, len(rest))), data.draw(st.sampled_from(events)))
+    after, new = absorb(before, rest)
+    assert after == fold(rest, before)
+    held = {f.event_id for f in before.facts} if before is not None else set()
+    assert [e.event_id for e in new] == list(dict.fromkeys(e.event_id for e in rest if e.event_id not in held))
+
+
+@SETTINGS
+@given(
+    offsets=st.tuples(OFFSET, OFFSET, OFFSET),
+    attempt=st.integers(1, 3),
+    value=st.sampled_from(['{"id":"re_1"}', '{"effect_ledger.inexact":"x"}', "null"]),
+    source=SOURCES,
+    receipt_deadline=RECEIPT_DEADLINE_AFTER,
+)
+def test_a_call_and_its_receipt_settle_as_the_fold_does(
+    offsets: tuple[int, int, int], attempt: int, value: str, source: ReceiptSource, receipt_deadline: int | None
+) -> None:
+    """(i) The SDK's common outcome (an intent, then a successful call and its receipt), built without
+    the fold, is what the fold gives."""
+    i = Intent("intent-0", KEY, T0 + offsets[0], attempt, "payments", "refund.create", "default", "run-1",
+               "refund-order-123", "{}", DIGESTS[0], T0 + 30, "worker-1")  # fmt: skip
+    x = Executed("exec-0", KEY, T0 + offsets[1], attempt, Outcome.OK, None, T0, T0 + offsets[1],
+                 None if receipt_deadline is None else T0 + receipt_deadline, "worker-1")  # fmt: skip
+    r = Receipt("receipt-0", KEY, T0 + offsets[2], attempt, "re_1", source, value)
+    before = fold([i])
+    assert before is not None
+    after, new = absorb(before, [x, r])
+    assert after == fold([x, r], before)
+    assert new == [x, r]
+
+
+@SETTINGS
+@given(events=histories())
+def test_the_files_row_is_the_state_records_row(events: list[Event]) -> None:
+    """(j) The ``effects`` row the store writes (built straight from the effect) is the row of the
+    state record published for it, the sink's row."""
+    eff = folded(events)
+    assert effect_row(eff) == state_row(to_state(eff))
