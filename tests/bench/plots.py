@@ -44,8 +44,9 @@ def draw(path: Path, title: str, xlabel: str, panels: list[Panel]) -> Path:
             ax.axvline(x, color="grey", linestyle=":", linewidth=1)
             ax.annotate(label, (x, 1), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
                         fontsize=7, color="dimgrey")  # fmt: skip
-        if panel.log_y:
-            ax.set_yscale("symlog")
+        if panel.log_y:  # linear below 100, so 0 and small values stay on the chart
+            ax.set_yscale("symlog", linthresh=100)
+            ax.set_ylim(bottom=0)
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
         if any(s.label for s in panel.series):

@@ -33,7 +33,7 @@ from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
 from tests.bench.common import CPU_COUNT, ROOT, Context, fmt
 from tests.bench.plots import Panel, Series, draw
-from tests.bench.processor import wait_all_ready
+from tests.bench.processor import events_folded, wait_all_ready
 from tests.soak import report
 from tests.soak.destinations import declaration
 from tests.soak.observe import LagSampler, TopicObserver
@@ -160,7 +160,8 @@ def _run(a: argparse.Namespace, ctx: Context, out: Path, restart_broker: bool, s
     wd = ctx.workdir("soak")
     dest = subprocess.Popen([sys.executable, "-m", "tests.soak.destinations", "--lost", str(a.lost),
                              "--slow", str(a.slow), "--slow-delay", str(a.call_timeout + 1.5)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT)  # fmt: skip
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT,
+                            stderr=open(wd / "destinations.log", "ab"))  # noqa: SIM115  # fmt: skip
     ctx.on_cleanup(lambda: (dest.stdin.close() if dest.stdin else None, dest.wait(30)))
     assert dest.stdout is not None
     urls: dict[str, str] = json.loads(dest.stdout.readline())
@@ -178,7 +179,8 @@ def _run(a: argparse.Namespace, ctx: Context, out: Path, restart_broker: bool, s
     observer = TopicObserver(cfg)
     observer.start()
     ctx.on_cleanup(observer.stop.set)
-    lag = LagSampler(cfg, f"{cfg.prefix}{ProcessorSettings().app_id}", f"{cfg.prefix}{RECONCILERS_GROUP}", t0)
+    lag = LagSampler(cfg, f"{cfg.prefix}{ProcessorSettings().app_id}", f"{cfg.prefix}{RECONCILERS_GROUP}", t0,
+                     lambda: events_folded(workers)[0])  # fmt: skip
     lag.start()
     ctx.on_cleanup(lag.stop.set)
 
@@ -230,8 +232,9 @@ def _run(a: argparse.Namespace, ctx: Context, out: Path, restart_broker: bool, s
             rec.start()
         if elapsed >= next_progress:
             s = lag.samples[-1] if lag.samples else {}
-            ctx.progress(f"{len(observer.seen):,} effects seen, {observer.open_effects():,} open; "
-                         f"workers lag {s.get('workers_lag')}, reconcilers lag {s.get('reconcilers_lag')}")  # fmt: skip
+            ctx.progress(f"{len(observer.seen):,} effects seen, {observer.open_effects():,} open; workers lag "
+                         f"{s.get('workers_lag')} committed, {s.get('workers_unfolded')} unfolded; reconcilers lag "
+                         f"{s.get('reconcilers_lag')}")  # fmt: skip
             next_progress += 30
         time.sleep(0.5)
     mark("load stops (agents finish their calls in flight)")
@@ -286,7 +289,10 @@ def _plot(path: Path, r: dict[str, Any], samples: list[dict[str, Any]], seen: di
     return draw(path, f"effect-ledger soak: {meta['rate']:g} effects/s for {meta['minutes']:g} min",
                 "seconds since the load started", [
         Panel("consumer-group lag (records)", [
-            Series("workers on effects.events", [s["t_s"] for s in samples], [s["workers_lag"] for s in samples]),
+            Series("workers on effects.events (committed)", [s["t_s"] for s in samples],
+                   [s["workers_lag"] for s in samples]),
+            Series("workers on effects.events (folded, health view)", [s["t_s"] for s in samples],
+                   [s.get("workers_unfolded") for s in samples], "--"),
             Series("reconciler on effects.uncertain", [s["t_s"] for s in samples],
                    [s["reconcilers_lag"] for s in samples]),
         ], marks),

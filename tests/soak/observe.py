@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
@@ -112,15 +113,18 @@ class TopicObserver(threading.Thread):
 class LagSampler(threading.Thread):
     """Every ``interval`` s: the committed-offset lag of the workers' group on effects.events and of
     the reconcilers' group on effects.uncertain (high watermark - committed, summed over partitions;
-    a partition never committed counts from its low watermark)."""
+    a partition never committed counts from its low watermark); and ``folded()``, the events the
+    workers report folded in their health views (faust commits every few seconds, folding runs
+    ahead of it)."""
 
     def __init__(self, cfg: KafkaConfig, workers_group: str, reconcilers_group: str, t0: float,
-                 interval: float = 5.0) -> None:  # fmt: skip
+                 folded: Callable[[], int], interval: float = 5.0) -> None:  # fmt: skip
         super().__init__(daemon=True, name="soak-lag")
         self.cfg = cfg
         self.groups = {"workers_lag": (workers_group, cfg.topics.events),
                        "reconcilers_lag": (reconcilers_group, cfg.topics.uncertain)}  # fmt: skip
         self.t0 = t0
+        self.folded = folded
         self.interval = interval
         self.samples: list[dict[str, Any]] = []
         self.stop = threading.Event()
@@ -132,11 +136,20 @@ class LagSampler(threading.Thread):
                 sample: dict[str, Any] = {"t_s": round(time.monotonic() - self.t0, 1)}
                 for name, (_, topic) in self.groups.items():
                     sample[name] = self._lag(consumers[name], topic)
+                high = self._high(consumers["workers_lag"], self.cfg.topics.events)
+                sample["workers_unfolded"] = None if high is None else max(0, high - self.folded())
                 self.samples.append(sample)
                 self.stop.wait(self.interval)
         finally:
             for c in consumers.values():
                 c.close()
+
+    def _high(self, c: Consumer, topic: str) -> int | None:
+        try:
+            return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+                       for p in range(self.cfg.partitions))  # fmt: skip
+        except KafkaException:
+            return None
 
     def _lag(self, c: Consumer, topic: str) -> int | None:
         parts = [TopicPartition(topic, p) for p in range(self.cfg.partitions)]

@@ -148,6 +148,7 @@ def compute(
         },
         "detection_per_minute": per_minute(latencies),
         "lag_workers_per_minute": lag_per_minute(lag_samples, "workers_lag"),
+        "lag_workers_unfolded_per_minute": lag_per_minute(lag_samples, "workers_unfolded"),
         "lag_reconcilers_per_minute": lag_per_minute(lag_samples, "reconcilers_lag"),
         "grace_ms": grace_ms,
     }
@@ -195,14 +196,15 @@ def markdown(r: Mapping[str, Any], meta: Mapping[str, Any], plot: str | None) ->
         "",
         "## Consumer-group lag per minute (events not yet committed)",
         "",
-        "| minute | workers max | workers last | reconcilers max | unanswered samples |",
-        "|---|---|---|---|---|",
+        "| minute | workers max | workers last | workers unfolded max | reconcilers max | unanswered samples |",
+        "|---|---|---|---|---|---|",
     ]  # fmt: skip
     rec = {m["minute"]: m for m in r["lag_reconcilers_per_minute"]}
+    unfolded = {m["minute"]: m for m in r["lag_workers_unfolded_per_minute"]}
     for m in r["lag_workers_per_minute"]:
-        other = rec.get(m["minute"], {})
         lines.append(
-            f"| {m['minute']} | {_n(m['max'])} | {_n(m['last'])} | {_n(other.get('max'))} | {m['unanswered']} |"
+            f"| {m['minute']} | {_n(m['max'])} | {_n(m['last'])} | {_n(unfolded.get(m['minute'], {}).get('max'))} "
+            f"| {_n(rec.get(m['minute'], {}).get('max'))} | {m['unanswered']} |"
         )
     if plot:
         lines += ["", f"![lag and detection latency over time]({plot})"]
