@@ -33,7 +33,7 @@ from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
 from tests.bench.common import CPU_COUNT, ROOT, Context, fmt
 from tests.bench.plots import Panel, Series, draw
-from tests.bench.processor import events_folded, wait_all_ready
+from tests.bench.processor import wait_all_ready
 from tests.soak import report
 from tests.soak.destinations import declaration
 from tests.soak.observe import LagSampler, TopicObserver
@@ -111,6 +111,17 @@ def _broker(action: str) -> float:
     return time.monotonic() - t
 
 
+def _folded(workers: list[Processor], partitions: int) -> int | None:
+    """Events folded, from the workers' health views (per partition the furthest any reports);
+    None while a partition has no live owner that reports it (a worker killed, a rebalance)."""
+    best: dict[str, int] = {}
+    for w in workers:
+        h = w.health() or {}
+        for p, off in (h.get("processed") or {}).items():
+            best[p] = max(best.get(p, -1), int(off))
+    return sum(o + 1 for o in best.values()) if len(best) == partitions else None
+
+
 def _executions(urls: dict[str, str]) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for name, url in urls.items():
@@ -180,7 +191,7 @@ def _run(a: argparse.Namespace, ctx: Context, out: Path, restart_broker: bool, s
     observer.start()
     ctx.on_cleanup(observer.stop.set)
     lag = LagSampler(cfg, f"{cfg.prefix}{ProcessorSettings().app_id}", f"{cfg.prefix}{RECONCILERS_GROUP}", t0,
-                     lambda: events_folded(workers)[0])  # fmt: skip
+                     lambda: _folded(workers, cfg.partitions))  # fmt: skip
     lag.start()
     ctx.on_cleanup(lag.stop.set)
 

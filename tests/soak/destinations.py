@@ -55,8 +55,8 @@ def declaration(urls: dict[str, str]) -> str:
         lookup = "none" if KINDS[name] == "none" else f"{url}/refunds/by-key/{{key}}"
         honours = "true" if KINDS[name] == "key+lookup" else "false"
         out.append(
-            f"[targets.{name}]\nlookup = \"{lookup}\"\nhonours_keys = {honours}\nkey_retention = \"24h\"\n"
-            f"definite_errors = [\"{REJECTED}\"]\n"
+            f'[targets.{name}]\nlookup = "{lookup}"\nhonours_keys = {honours}\nkey_retention = "24h"\n'
+            f'definite_errors = ["{REJECTED}"]\n'
         )
     return "\n".join(out)
 

@@ -118,7 +118,7 @@ class LagSampler(threading.Thread):
     ahead of it)."""
 
     def __init__(self, cfg: KafkaConfig, workers_group: str, reconcilers_group: str, t0: float,
-                 folded: Callable[[], int], interval: float = 5.0) -> None:  # fmt: skip
+                 folded: Callable[[], int | None], interval: float = 5.0) -> None:  # fmt: skip
         super().__init__(daemon=True, name="soak-lag")
         self.cfg = cfg
         self.groups = {"workers_lag": (workers_group, cfg.topics.events),
@@ -137,7 +137,8 @@ class LagSampler(threading.Thread):
                 for name, (_, topic) in self.groups.items():
                     sample[name] = self._lag(consumers[name], topic)
                 high = self._high(consumers["workers_lag"], self.cfg.topics.events)
-                sample["workers_unfolded"] = None if high is None else max(0, high - self.folded())
+                folded = self.folded()
+                sample["workers_unfolded"] = None if high is None or folded is None else max(0, high - folded)
                 self.samples.append(sample)
                 self.stop.wait(self.interval)
         finally:

@@ -3,7 +3,16 @@ its detection latency, and how lag and latency are aggregated per minute."""
 
 from __future__ import annotations
 
-from tests.soak.report import Seen, compute, late_outcome, lag_per_minute, markdown, passed_deadline, per_minute, verdict
+from tests.soak.report import (
+    Seen,
+    compute,
+    late_outcome,
+    lag_per_minute,
+    markdown,
+    passed_deadline,
+    per_minute,
+    verdict,
+)
 
 T0 = 1_700_000_000_000
 GRACE = 1000
