@@ -55,6 +55,7 @@ from tests.bench.previous_worker import PREVIOUS_REV
 TARGET_EVENTS_PER_S = 6_000.0  # per worker (issue 11)
 TARGET_OF_CEILING = 0.55  # of faust delivering the same records to an agent that does nothing
 TARGET_TWO_WORKERS = 1.6  # 2 workers vs 1
+TARGET_RSS_MB = 500.0  # worker RSS after 1,000,000 effects (issue 11)
 EVENTS_PER_EFFECT = 3
 STARTUP_TIMEOUT = 120.0
 SPREAD = 3000  # effects between an effect's intent and its outcome in the stream (beyond one batch)
@@ -369,8 +370,10 @@ def run_memory(ctx: Context) -> BenchResult:
     quarter = _fit_slope([(s["effects"], s["VmRSS"]) for s in samples if s["effects"] >= folded * 3 / 4])
     plot = _memory_plot(ctx, samples, ready_rss["VmRSS"])
     projected = last["VmRSS"] + slope * (target_effects - folded) if slope is not None else None
+    # The issue's target (<= 500 MB) is about 1,000,000 effects: checked only when the run got there.
     m = Metric(
         f"worker RSS after folding {int(folded):,} effects", "MB", [last["VmRSS"]], higher_is_better=False,
+        target=TARGET_RSS_MB if folded >= 1_000_000 else None,
         extra={
             "effects_folded": int(folded),
             "target_effects": target_effects,
@@ -423,5 +426,5 @@ def _memory_plot(ctx: Context, samples: list[dict[str, Any]], ready_mb: float) -
                 "effects folded (thousands)", [Panel("MB", [
                     Series("VmRSS", effects, list(rss)), Series("VmHWM (peak)", effects, list(hwm), "--"),
                     Series("RSS when ready", [effects[0], effects[-1]], [ready_mb, ready_mb], ":"),
-                    Series("target (500 MB)", [effects[0], effects[-1]], [500.0, 500.0], "-."),
+                    Series("target after 1,000,000 effects", [effects[0], effects[-1]], [TARGET_RSS_MB] * 2, "-."),
                 ])])  # fmt: skip
