@@ -98,7 +98,8 @@ class Host:
             for line in log.read_text(errors="replace").splitlines():
                 if line.startswith("{") and '"started"' in line:
                     last = json.loads(line)
-            total.update({k: v for k, v in last.items() if isinstance(v, int) and not isinstance(v, bool)})
+            skip = ("incarnation", "in_flight")
+            total.update({k: v for k, v in last.items() if type(v) is int and k not in skip})
         return total
 
 

@@ -30,6 +30,7 @@ def _consumer(cfg: KafkaConfig, group: str | None = None) -> Consumer:
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
                 "fetch.wait.max.ms": 50,
+                "log_level": 2,  # the broker restart is expected: no line per refused reconnect
             }
         )
     )
@@ -147,7 +148,7 @@ class LagSampler(threading.Thread):
 
     def _high(self, c: Consumer, topic: str) -> int | None:
         try:
-            return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=5, cached=False)[1]
+            return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=2, cached=False)[1]
                        for p in range(self.cfg.partitions))  # fmt: skip
         except KafkaException:
             return None
@@ -155,10 +156,10 @@ class LagSampler(threading.Thread):
     def _lag(self, c: Consumer, topic: str) -> int | None:
         parts = [TopicPartition(topic, p) for p in range(self.cfg.partitions)]
         try:
-            committed = c.committed(parts, timeout=5)
+            committed = c.committed(parts, timeout=2)
             total = 0
             for tp in committed:
-                low, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5, cached=False)
+                low, high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=2, cached=False)
                 total += max(0, high - (tp.offset if tp.offset >= 0 else low))
             return total
         except KafkaException:

@@ -182,6 +182,8 @@ def markdown(r: Mapping[str, Any], meta: Mapping[str, Any], plot: str | None) ->
         f"| detection latency p50 / p99 / max | {fmt(det['p50'])} / {fmt(det['p99'])} / {fmt(det['max'])} ms |",
         f"| late outcomes (after deadline + grace; flagged) | {r['late_outcomes']} ({r['late_outcomes_flagged']}) |",
         f"| final states | {_causes(r['final_states'])} |",
+        f"| what the agents' calls returned | {_causes(meta.get('agents', {}))} |",
+        f"| services that exited on their own | {len(meta.get('unexpected_exits', []))} |",
         "",
         "## Timeline",
         "",
