@@ -8,7 +8,9 @@ Definitions (the report states them too):
 
 * **lost**: an effect whose intent reached ``effects.events`` but whose last state on
   ``effects.state`` is still open (PENDING, EXECUTED, UNCERTAIN) or never appeared, after the drain.
-  ESCALATED counts as reached (a person has it), so do CONFIRMED, FAILED and ABSENT.
+  ESCALATED counts as reached (a person has it), so do CONFIRMED, FAILED and ABSENT. Only a drain
+  that ended with the workers caught up (nothing left to fold) can tell lost from not folded yet:
+  otherwise the verdict is INCONCLUSIVE.
 * **doubled**: a key a destination executed more than once.
 * **passed deadline**: no outcome ever reached Kafka (the agent died during the call), or the
   outcome was UNKNOWN at or after the deadline (the call timed out). Each must be **detected**: an
@@ -110,8 +112,10 @@ def compute(
     *,
     t0_ms: int,
     grace_ms: int,
+    backlog: int | None = 0,
 ) -> dict[str, Any]:
-    """The soak's figures. ``executions``: destination kind -> key -> times executed."""
+    """The soak's figures. ``executions``: destination kind -> key -> times executed; ``backlog``:
+    events the workers had not folded when the drain ended (None: unknown)."""
     intents = [e for e in seen.values() if e.intent_ms is not None]
     lost = [e.key for e in intents if e.state is None or e.state in OPEN]
     doubled = {kind: sorted(k for k, n in per_key.items() if n > 1) for kind, per_key in executions.items()}
@@ -151,20 +155,32 @@ def compute(
         "lag_workers_unfolded_per_minute": lag_per_minute(lag_samples, "workers_unfolded"),
         "lag_reconcilers_per_minute": lag_per_minute(lag_samples, "reconcilers_lag"),
         "grace_ms": grace_ms,
+        "workers_backlog_at_end": backlog,
+        "settled": backlog == 0,
     }
 
 
 def verdict(r: Mapping[str, Any]) -> bool:
-    """lost 0, doubled 0, every passed deadline detected, and some load at all."""
-    return bool(r["effects"]) and r["lost"] == 0 and r["doubled"] == 0 and r["undetected"] == 0
+    """lost 0, doubled 0, every passed deadline detected, and some load at all (see ``outcome``)."""
+    return outcome(r) == "PASS"
+
+
+def outcome(r: Mapping[str, Any]) -> str:
+    """PASS, FAIL, or INCONCLUSIVE: effects still open, or deadlines not flagged yet, while the
+    workers had events left to fold (not folded is not lost). Doubled is never inconclusive."""
+    if r["doubled"] or not r["effects"]:
+        return "FAIL"
+    if r["lost"] == 0 and r["undetected"] == 0:
+        return "PASS"  # nothing open is left to judge, whatever the workers still had to fold
+    return "FAIL" if r["settled"] else "INCONCLUSIVE"
 
 
 def markdown(r: Mapping[str, Any], meta: Mapping[str, Any], plot: str | None) -> str:
     """The report as markdown (the plot named relative to the report)."""
-    ok = verdict(r)
     det = r["detection_ms"]
+    backlog = r["workers_backlog_at_end"]
     lines = [
-        f"# Soak report: {'PASS' if ok else 'FAIL'}",
+        f"# Soak report: {outcome(r)}",
         "",
         f"{meta.get('minutes')} min at {meta.get('rate')} effects/s requested "
         f"({fmt(meta.get('achieved_rate'))} achieved), {meta.get('partitions')} partitions, "
@@ -175,6 +191,7 @@ def markdown(r: Mapping[str, Any], meta: Mapping[str, Any], plot: str | None) ->
         f"| effects (intents on effects.events) | {r['effects']:,} |",
         f"| executions at the destinations | {', '.join(f'{k} {v:,}' for k, v in r['executions'].items())} |",
         f"| lost (not final nor escalated after the drain) | {r['lost']} |",
+        f"| events the workers had not folded when the drain ended | {_n(backlog)} |",
         f"| doubled (a key executed twice at a destination) | {r['doubled']} |",
         f"| duplicates flagged on effects.state (executions > 1) | {r['flagged_duplicates']} |",
         f"| passed deadlines | {r['passed_deadline']:,} ({_causes(r['passed_deadline_by_cause'])}) |",

@@ -9,6 +9,7 @@ from tests.soak.report import (
     late_outcome,
     lag_per_minute,
     markdown,
+    outcome,
     passed_deadline,
     per_minute,
     verdict,
@@ -88,3 +89,16 @@ def test_the_markdown_states_the_verdict_and_the_figures() -> None:
     assert "- 0 s: load starts" in text and "| 0 | 12 | 12 |" in text
     assert verdict(compute({"a": seen["a"]}, {}, [], t0_ms=T0, grace_ms=GRACE))
     assert not verdict(compute({}, {}, [], t0_ms=T0, grace_ms=GRACE))  # no load is no pass
+
+
+def test_open_effects_while_the_workers_are_behind_are_inconclusive_but_a_double_always_fails() -> None:
+    seen = {"a": effect("a", state="PENDING"), "b": effect("b", uncertain_ms=T0 + 2600, state="ESCALATED")}
+    behind = compute(seen, {}, [], t0_ms=T0, grace_ms=GRACE, backlog=5000)
+    assert (outcome(behind), behind["lost"], behind["settled"]) == ("INCONCLUSIVE", 1, False)
+    assert not verdict(behind)
+    assert markdown(behind, {}, None).startswith("# Soak report: INCONCLUSIVE")
+    assert outcome(compute(seen, {}, [], t0_ms=T0, grace_ms=GRACE, backlog=None)) == "INCONCLUSIVE"
+    assert outcome(compute(seen, {}, [], t0_ms=T0, grace_ms=GRACE, backlog=0)) == "FAIL"
+    doubled = compute({"b": seen["b"]}, {"blind": {"b": 2}}, [], t0_ms=T0, grace_ms=GRACE, backlog=5000)
+    assert outcome(doubled) == "FAIL"
+    assert outcome(compute({"b": seen["b"]}, {}, [], t0_ms=T0, grace_ms=GRACE, backlog=5000)) == "PASS"
