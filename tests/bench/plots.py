@@ -50,7 +50,7 @@ def draw(path: Path, title: str, xlabel: str, panels: list[Panel]) -> Path:
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
         if any(s.label for s in panel.series):
-            ax.legend(fontsize=8, loc="upper left")
+            ax.legend(fontsize=8, loc="best", framealpha=0.8)
     axes[-1, 0].set_xlabel(xlabel)
     fig.suptitle(title)
     fig.tight_layout()

@@ -55,6 +55,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--call-timeout", type=float, default=2.0, help="each call's timeout = its deadline, s [2]")
     p.add_argument("--lost", type=float, default=0.005, help="share of calls whose reply is lost [0.005]")
     p.add_argument("--slow", type=float, default=0.005, help="share of calls answered after the timeout [0.005]")
+    p.add_argument("--note", default="", help="a line for the report (e.g. what else ran on the machine)")
     p.add_argument("--drain", type=float, default=120.0,
                    help="the drain ends when no effect settled for this many seconds [120]")  # fmt: skip
     return p.parse_args(argv)
@@ -124,6 +125,16 @@ def _folded(workers: list[Processor], partitions: int) -> int | None:
         for p, off in (h.get("processed") or {}).items():
             best[p] = max(best.get(p, -1), int(off))
     return sum(o + 1 for o in best.values()) if len(best) == partitions else None
+
+
+def _keep_logs(wd: Path, dest: Path, limit: int = 1 << 20) -> None:
+    """The services' and agents' logs (the last ``limit`` bytes of each) next to the report: the
+    work folder is deleted at the end."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for log in wd.rglob("*.log"):
+        with open(log, "rb") as f:
+            f.seek(max(0, log.stat().st_size - limit))
+            (dest / log.name).write_bytes(f.read())
 
 
 def _backlog(cfg: KafkaConfig, workers: list[Processor]) -> int | None:
@@ -201,6 +212,7 @@ def _run(a: argparse.Namespace, ctx: Context, out: Path, restart_broker: bool, s
     wait_all_ready(workers, cfg.partitions)
     rec = Reconcilers(cfg, wd, ["--targets", str(targets)]).start()
     ctx.on_cleanup(rec.stop)
+    load_start = round(os.getloadavg()[0], 2)
     t0 = time.monotonic()
     t0_ms = time.time_ns() // 1_000_000
     observer = TopicObserver(cfg)
@@ -296,10 +308,12 @@ def _run(a: argparse.Namespace, ctx: Context, out: Path, restart_broker: bool, s
         "achieved_rate": (agents["started"] - agents["behind"]) / load_s if load_s else None,
         "agents": dict(agents), "timeline": timeline, "unexpected_exits": unexpected,
         "broker_restart": restart_broker, "call_timeout_s": a.call_timeout, "lost_share": a.lost,
-        "slow_share": a.slow, "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        "slow_share": a.slow, "loadavg_1m_start": load_start, "loadavg_1m_end": round(os.getloadavg()[0], 2),
         "observer_error": repr(observer.error) if observer.error else None,
-        "note": "" if restart_broker else "The broker restart was skipped (--no-broker-restart).",
+        "note": " ".join(x for x in (a.note, "" if restart_broker else "The broker restart was skipped "
+                                     "(--no-broker-restart).") if x),
     }  # fmt: skip
+    _keep_logs(wd, out / "logs")
     png = _plot(out / "soak.png", r, lag.samples, seen, t0_ms, timeline, meta)
     (out / "soak-report.json").write_text(json.dumps({"meta": meta, "report": r}, indent=2, default=str))
     (out / "soak-report.md").write_text(report.markdown(r, meta, png.name))
