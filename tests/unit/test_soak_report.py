@@ -6,8 +6,8 @@ from __future__ import annotations
 from tests.soak.report import (
     Seen,
     compute,
-    late_outcome,
     lag_per_minute,
+    late_outcome,
     markdown,
     outcome,
     passed_deadline,
