@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults test-browser bench lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -21,6 +21,8 @@ help:
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
+	@echo "make soak               10 minutes at 500 effects/s: two agent hosts, two workers, a reconciler, a worker"
+	@echo "                        kill -9 and a broker restart; report + plot in soak-report/ (SOAK_ARGS=--help)"
 	@echo "make lint               ruff and mypy"
 	@echo "make schemas-check      schema compatibility across schemas/history, with Apache Avro's Java checker"
 	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
@@ -31,7 +33,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,metrics,mcp,langgraph,postgres,erasure,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,metrics,mcp,langgraph,postgres,erasure,bench,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -79,6 +81,10 @@ test-browser: venv
 bench: venv
 	@bash scripts/with-kafka.sh $(PY) -m tests.bench $(BENCH_ARGS)
 
+# Not part of `make test`: it restarts the repo's broker in the middle (scripts/kafka.sh down/up).
+soak: venv
+	@bash scripts/with-kafka.sh $(PY) -m tests.soak $(SOAK_ARGS)
+
 # mypy reads the installed layout (effect_ledger.streams -> streams/, ...) from a tree of links,
 # since it cannot see through the editable install's import hook.
 lint: venv
@@ -111,4 +117,4 @@ kafka-status:
 
 clean:
 	@bash scripts/kafka.sh down >/dev/null 2>&1 || true
-	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache .typecheck build dist *.egg-info bench-results.json
+	rm -rf .kafka .pytest_cache .mypy_cache .ruff_cache .typecheck build dist *.egg-info bench-results.json soak-report

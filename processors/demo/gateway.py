@@ -160,8 +160,8 @@ class _Server(ThreadingHTTPServer):
 class Gateway:
     """A running gateway: ``with Gateway("key+lookup") as gw: gw.url``."""
 
-    def __init__(self, kind: str = "key+lookup", port: int = 0) -> None:
-        self.state = GatewayState(kind)
+    def __init__(self, kind: str = "key+lookup", port: int = 0, state: GatewayState | None = None) -> None:
+        self.state = state or GatewayState(kind)  # ``state``: books that fail on their own terms (the soak)
         self._server = _Server(("127.0.0.1", port), _Handler)
         self._server.state = self.state
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"gateway-{kind}", daemon=True)

@@ -46,6 +46,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "--partitions", type=int, default=int(os.environ.get("EFFECTS_PARTITIONS", "6")),
         help="partitions of the bench topics [EFFECTS_PARTITIONS or 6]",
     )  # fmt: skip
+    p.add_argument("--plots", default=None,
+                   help="folder of the PNGs (memory: RSS against effects) [next to --json]")  # fmt: skip
+    p.add_argument("--memory-effects", type=int, default=None,
+                   help="memory: effects to fold [1,000,000; --quick: 100,000]")  # fmt: skip
+    p.add_argument("--memory-budget", type=float, default=None,
+                   help="memory: seconds of folding at most, 0 for no limit [90; --quick: 20]")  # fmt: skip
+    p.add_argument("--detection-rates", default=None,
+                   help="detection_latency: background effects/s under load, comma-separated [1000]")  # fmt: skip
+    p.add_argument("--detection-seconds", type=float, default=None,
+                   help="detection_latency: seconds of sustained load per rate [40; --quick: 10]")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -78,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         quick=args.quick, reps=args.reps, bootstrap=bootstrap, partitions=args.partitions,
         printer=lambda msg: console.print(msg, markup=False),
     )  # fmt: skip
+    ctx.plots = Path(args.plots) if args.plots else Path(args.json).resolve().parent
+    ctx.options = {k: v for k, v in vars(args).items() if k.startswith(("memory_", "detection_")) and v is not None}
     signal.signal(signal.SIGTERM, _sigterm)
     started = datetime.now(UTC)
     t0 = time.monotonic()

@@ -188,6 +188,8 @@ class Context:
         self._dirs: list[Path] = []
         self._t0 = time.monotonic()
         self.shared: dict[str, Any] = {}  # figures one benchmark passes to a later one
+        self.options: dict[str, Any] = {}  # per-benchmark options from the command line (--memory-effects, ...)
+        self.plots: Path | None = None  # where benchmarks that draw put their PNGs (None: no plots)
 
     def size(self, full: N, quick: N) -> N:
         return quick if self.quick else full

@@ -7,11 +7,17 @@ each UncertainEffect's broker timestamp; latency = that timestamp - the intent's
 Two phases:
 
 * idle: only the stuck effects (the floor: grace + timer tick + the Timeout command's round trip);
-* loaded: a background load of ~1,000 effects/s (intent + executed + receipt each, by a bare
-  producer), with the stuck effects in a number of windows; each window's p99 is one run, the
-  figure the median over windows. The background stops after the last window; stuck effects whose
-  uncertain event has not arrived by the end of the wait count with the time waited (a lower bound:
-  ``missing`` says how many).
+* loaded, per rate (``--detection-rates``, default 1,000 effects/s; a fresh topic set and processor
+  each): a background load (intent + executed + receipt each, by a bare producer) for
+  ``--detection-seconds`` (the issue's target: 300, i.e. 5 minutes sustained), with the stuck
+  effects in windows (one per minute when the load lasts 2 minutes or more, else ``reps`` windows);
+  each window's p99 is one run, the figure the median over windows, and the per-window p99s show
+  the trend. The background stops after the last window; stuck effects whose uncertain event has not
+  arrived by the end of the wait count with the time waited (a lower bound: ``missing`` says how
+  many). One worker folding slower than the load falls behind, and its detection latency grows with
+  the backlog: ``processor_lag_events_when_load_stopped`` says by how much.
+
+    python -m tests.bench --only detection_latency --detection-rates 300,1000 --detection-seconds 300
 
 The processor's ``grace_ms`` (ProcessorSettings, default 1000) is subtracted in the "minus grace"
 figures; it is also the raw limit (the floor by design).
@@ -184,86 +190,110 @@ def _latencies(reader: UncertainReader, stuck: Stuck, keys: list[str], end_ms: i
 def run(ctx: Context) -> BenchResult:
     grace = ProcessorSettings().grace_ms
     timer = ProcessorSettings().timer_interval_s
-    windows = ctx.reps
+    rates = [int(r) for r in str(ctx.options.get("detection_rates") or BACKGROUND_EFFECTS_PER_S).split(",") if r]
     idle_s, idle_rate = ctx.size(10.0, 5.0), 10.0
-    window_s, stuck_rate = ctx.size(8.0, 5.0), 20.0
+    stuck_rate = 20.0
+    loaded_s = float(ctx.options.get("detection_seconds") or ctx.size(8.0, 5.0) * ctx.reps)
+    # A sustained run is cut into minutes (p99 over time); a short one into ``reps`` windows.
+    windows = int(loaded_s // 60) if loaded_s >= 120 else ctx.reps
     wait_s = ctx.size(30.0, 12.0)
-    wd = ctx.workdir("detect")
-    cfg = ctx.kafka("detect")
-    proc = start_processor(ctx, cfg, wd, "detect")
-    reader = UncertainReader(cfg)
-    reader.start()
-    ctx.on_cleanup(reader.stop.set)
     res = BenchResult(
         "detection_latency", "ran",
-        info={"grace_ms": grace, "timer_interval_s": timer, "deadline_after_intent_ms": DEADLINE_MS},
+        info={"grace_ms": grace, "timer_interval_s": timer, "deadline_after_intent_ms": DEADLINE_MS,
+              "rates": rates, "loaded_s": loaded_s, "windows": windows},
     )  # fmt: skip
-    try:
-        proc.wait_ready(STARTUP_TIMEOUT)
-        stuck = Stuck()
-
-        # -- idle ------------------------------------------------------------------------------
-        _write_stuck(cfg, stuck, idle_rate, idle_s, "idle", windows)
-        _wait_arrivals(reader, stuck.keys("idle"), DEADLINE_MS / 1000 + grace / 1000 + timer + 10)
-        end = now_ms()
-        idle_windows, missing = [], 0
-        for w in range(windows):
-            lat_w, miss = _latencies(reader, stuck, stuck.keys("idle", w), end)
-            idle_windows.append(lat_w)
-            missing += miss
-        res.metrics.append(_metric("idle processor", idle_windows, missing, grace))
-        res.metrics[-1].extra["stuck_effects_per_s"] = idle_rate
-        lat = [x for w in idle_windows for x in w]
-        ctx.progress(
-            f"detection idle: p50 {fmt(percentile(lat, 50))} ms, p99 {fmt(percentile(lat, 99))} ms "
-            f"({len(lat)} effects, {missing} missing)"
-        )
-
-        # -- loaded ----------------------------------------------------------------------------
-        bg = Background(cfg, BACKGROUND_EFFECTS_PER_S)
-        bg.start()
-        ctx.on_cleanup(bg.stop.set)
-        time.sleep(2.0)
-        _write_stuck(cfg, stuck, stuck_rate, windows * window_s, "loaded", windows)
-        bg.stop.set()
-        bg.join(60)
-        if bg.error is not None:
-            raise RuntimeError(f"background load failed: {bg.error}")
-        _wait_arrivals(reader, stuck.keys("loaded"), wait_s)
-        end = now_ms()
-        per_window = []
-        missing_total = 0
-        for w in range(windows):
-            lat_w, miss = _latencies(reader, stuck, stuck.keys("loaded", w), end)
-            per_window.append(lat_w)
-            missing_total += miss
-        health = proc.health() or {}
-        lag = _lag(cfg, health)
-        metric = _metric(f"{BACKGROUND_EFFECTS_PER_S:,} effects/s load", per_window, missing_total, grace)
-        metric.extra.update(
-            {
-                "background_effects_per_s_achieved": round(bg.effects / bg.elapsed, 1) if bg.elapsed else None,
-                "background_events_per_effect": 3,
-                "stuck_effects_per_s": stuck_rate,
-                "windows": windows,
-                "window_s": window_s,
-                "wait_after_load_s": wait_s,
-                "processor_open_effects_at_end": health.get("open"),
-                "processor_lag_events_at_end": lag,
-            }
-        )
-        res.metrics.append(metric)
-        pooled = [x for w in per_window for x in w]
-        ctx.progress(
-            f"detection loaded: p50 {fmt(percentile(pooled, 50))} ms, p99 {fmt(percentile(pooled, 99))} ms "
-            f"({len(pooled)} effects, {missing_total} missing; background "
-            f"{fmt(metric.extra['background_effects_per_s_achieved'])} effects/s; processor lag {lag} events)"
-        )
-    finally:
-        reader.stop.set()
-        proc.kill()
-    ctx.drop(cfg)
+    for n, rate in enumerate(rates):
+        # A fresh topic set and processor per rate: one rate's backlog must not weigh on the next.
+        wd = ctx.workdir("detect")
+        cfg = ctx.kafka("detect")
+        proc = start_processor(ctx, cfg, wd, "detect")
+        reader = UncertainReader(cfg)
+        reader.start()
+        ctx.on_cleanup(reader.stop.set)
+        try:
+            proc.wait_ready(STARTUP_TIMEOUT)
+            stuck = Stuck()
+            if n == 0:
+                _idle(ctx, cfg, reader, stuck, res, idle_rate, idle_s, grace, timer)
+            _loaded(ctx, cfg, proc, reader, stuck, res, rate, stuck_rate, loaded_s, windows, wait_s, grace)
+        finally:
+            reader.stop.set()
+            proc.kill()
+        ctx.drop(cfg)
     return res
+
+
+def _idle(ctx: Context, cfg: KafkaConfig, reader: UncertainReader, stuck: Stuck, res: BenchResult, rate: float,
+          seconds: float, grace: int, timer: float) -> None:  # fmt: skip
+    """Only the stuck effects: the floor (grace + timer tick + the Timeout command's round trip)."""
+    windows = ctx.reps
+    _write_stuck(cfg, stuck, rate, seconds, "idle", windows)
+    _wait_arrivals(reader, stuck.keys("idle"), DEADLINE_MS / 1000 + grace / 1000 + timer + 10)
+    end = now_ms()
+    idle_windows, missing = [], 0
+    for w in range(windows):
+        lat_w, miss = _latencies(reader, stuck, stuck.keys("idle", w), end)
+        idle_windows.append(lat_w)
+        missing += miss
+    res.metrics.append(_metric("idle processor", idle_windows, missing, grace))
+    res.metrics[-1].extra["stuck_effects_per_s"] = rate
+    lat = [x for w in idle_windows for x in w]
+    ctx.progress(
+        f"detection idle: p50 {fmt(percentile(lat, 50))} ms, p99 {fmt(percentile(lat, 99))} ms "
+        f"({len(lat)} effects, {missing} missing)"
+    )
+
+
+def _loaded(ctx: Context, cfg: KafkaConfig, proc: Any, reader: UncertainReader, stuck: Stuck, res: BenchResult,
+            rate: int, stuck_rate: float, seconds: float, windows: int, wait_s: float, grace: int) -> None:  # fmt: skip
+    """``rate`` complete effects/s in the background for ``seconds``, stuck effects among them; the
+    p99 of each window is one run."""
+    phase = f"loaded-{rate}"
+    bg = Background(cfg, rate)
+    bg.start()
+    ctx.on_cleanup(bg.stop.set)
+    time.sleep(2.0)
+    _write_stuck(cfg, stuck, stuck_rate, seconds, phase, windows)
+    bg.stop.set()
+    bg.join(60)
+    if bg.error is not None:
+        raise RuntimeError(f"background load failed: {bg.error}")
+    health = proc.health() or {}
+    lag_at_stop = _lag(cfg, health)
+    _wait_arrivals(reader, stuck.keys(phase), wait_s)
+    end = now_ms()
+    per_window = []
+    missing_total = 0
+    for w in range(windows):
+        lat_w, miss = _latencies(reader, stuck, stuck.keys(phase, w), end)
+        per_window.append(lat_w)
+        missing_total += miss
+    health = proc.health() or {}
+    lag = _lag(cfg, health)
+    metric = _metric(f"{rate:,} effects/s load for {seconds:g} s", per_window, missing_total, grace)
+    achieved = round(bg.effects / bg.elapsed, 1) if bg.elapsed else None
+    metric.extra.update(
+        {
+            "background_effects_per_s": rate,
+            "background_effects_per_s_achieved": achieved,
+            "background_events_per_effect": 3,
+            "stuck_effects_per_s": stuck_rate,
+            "windows": windows,
+            "window_s": seconds / windows,
+            "wait_after_load_s": wait_s,
+            "processor_open_effects_at_end": health.get("open"),
+            "processor_lag_events_when_load_stopped": lag_at_stop,
+            "processor_lag_events_at_end": lag,
+        }
+    )
+    res.metrics.append(metric)
+    pooled = [x for w in per_window for x in w]
+    ctx.progress(
+        f"detection at {rate:,} effects/s for {seconds:g} s: p50 {fmt(percentile(pooled, 50))} ms, "
+        f"p99 {fmt(percentile(pooled, 99))} ms ({len(pooled)} effects, {missing_total} missing; background "
+        f"{fmt(achieved)} effects/s; per-window p99 {[fmt(x) for x in metric.extra['per_window_p99_ms']]}; "
+        f"processor lag {lag_at_stop} events when the load stopped, {lag} at the end)"
+    )
 
 
 def _lag(cfg: KafkaConfig, health: dict[str, Any]) -> int | None:

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,22 +55,23 @@ from tests.bench.previous_worker import PREVIOUS_REV
 TARGET_EVENTS_PER_S = 6_000.0  # per worker (issue 11)
 TARGET_OF_CEILING = 0.55  # of faust delivering the same records to an agent that does nothing
 TARGET_TWO_WORKERS = 1.6  # 2 workers vs 1
+TARGET_RSS_MB = 500.0  # worker RSS after 1,000,000 effects (issue 11)
 EVENTS_PER_EFFECT = 3
 STARTUP_TIMEOUT = 120.0
 SPREAD = 3000  # effects between an effect's intent and its outcome in the stream (beyond one batch)
 
 
-def layout(effects: int, first: int = 0, spread: int = SPREAD) -> list[tuple[int, int]]:
+def layout(effects: int, first: int = 0, spread: int = SPREAD) -> Iterator[tuple[int, int]]:
     """(effect, event kind) in stream order: effect i's intent, then — ``spread`` effects later —
     its executed and receipt together, as an agent writes them when its call returns. No key's
-    events share a batch of the processor, so each effect is written twice (the harder case)."""
-    out: list[tuple[int, int]] = []
+    events share a batch of the processor, so each effect is written twice (the harder case).
+    A generator: the memory benchmark writes millions."""
     for j in range(first, first + effects + spread):
         if j < first + effects:
-            out.append((j, 0))
+            yield (j, 0)
         if j - spread >= first:
-            out += [(j - spread, 1), (j - spread, 2)]
-    return out
+            yield (j - spread, 1)
+            yield (j - spread, 2)
 
 
 def prefill(cfg: KafkaConfig, factory: EventFactory, effects: int, first: int = 0) -> int:
@@ -325,10 +327,11 @@ def _fit_slope(points: list[tuple[float, float]]) -> float | None:
 
 
 def run_memory(ctx: Context) -> BenchResult:
-    target_effects = ctx.size(1_000_000, 100_000)
-    budget = ctx.size(90.0, 20.0)  # seconds of folding
+    target_effects = int(ctx.options.get("memory_effects") or ctx.size(1_000_000, 100_000))
+    budget = float(ctx.options.get("memory_budget", ctx.size(90.0, 20.0)))  # seconds of folding; 0: no limit
     est = max(float(ctx.shared.get("processor_events_per_s") or 0), 2000.0)
-    effects = min(target_effects, int(est * budget * 1.5 / EVENTS_PER_EFFECT) + 1000)
+    effects = target_effects if budget <= 0 else min(target_effects, int(est * budget * 1.5 / EVENTS_PER_EFFECT) + 1000)
+    budget = budget if budget > 0 else float("inf")
     wd = ctx.workdir("mem")
     factory = EventFactory()
     cfg = ctx.kafka("mem")
@@ -362,9 +365,15 @@ def run_memory(ctx: Context) -> BenchResult:
     half = [(s["effects"], s["VmRSS"]) for s in samples if s["effects"] >= folded / 2]
     slope = _fit_slope(half)  # MB per effect
     per_100k = slope * 100_000 if slope is not None else None
+    # "Flat once RocksDB's caches are full": the growth over the last quarter of the run, beside
+    # the second half's.
+    quarter = _fit_slope([(s["effects"], s["VmRSS"]) for s in samples if s["effects"] >= folded * 3 / 4])
+    plot = _memory_plot(ctx, samples, ready_rss["VmRSS"])
     projected = last["VmRSS"] + slope * (target_effects - folded) if slope is not None else None
+    # The issue's target (<= 500 MB) is about 1,000,000 effects: checked only when the run got there.
     m = Metric(
         f"worker RSS after folding {int(folded):,} effects", "MB", [last["VmRSS"]], higher_is_better=False,
+        target=TARGET_RSS_MB if folded >= 1_000_000 else None,
         extra={
             "effects_folded": int(folded),
             "target_effects": target_effects,
@@ -372,6 +381,8 @@ def run_memory(ctx: Context) -> BenchResult:
             "peak_VmHWM_MB": last["VmHWM"],
             "rss_when_ready_MB": ready_rss["VmRSS"],
             "growth_MB_per_100k_effects": per_100k,
+            "growth_MB_per_100k_effects_last_quarter": quarter * 100_000 if quarter is not None else None,
+            "plot": str(plot) if plot else None,
             "linear_projection_MB_at_target": projected,
             "projection_note": (
                 None
@@ -388,7 +399,32 @@ def run_memory(ctx: Context) -> BenchResult:
     )  # fmt: skip
     ctx.progress(
         f"memory: RSS {fmt(last['VmRSS'])} MB after {int(folded):,} effects (ready: {fmt(ready_rss['VmRSS'])} MB; "
-        f"+{fmt(per_100k)} MB per 100k effects)"
+        f"+{fmt(per_100k)} MB per 100k effects over the second half, "
+        f"+{fmt(quarter * 100_000 if quarter is not None else None)} over the last quarter)"
+        + (f"; plot {plot}" if plot else "")
     )
     ctx.drop(cfg)
     return res
+
+
+def rss_series(samples: list[dict[str, Any]]) -> list[tuple[float, float, float]]:
+    """(effects folded, VmRSS MB, VmHWM MB) per sample, in the order taken."""
+    return [(float(s["effects"]), float(s["VmRSS"]), float(s["VmHWM"])) for s in samples]
+
+
+def _memory_plot(ctx: Context, samples: list[dict[str, Any]], ready_mb: float) -> Path | None:
+    """RSS against effects folded, as a PNG in ``ctx.plots`` (None: no folder, or no matplotlib)."""
+    if ctx.plots is None or len(samples) < 2:
+        return None
+    try:
+        from tests.bench.plots import Panel, Series, draw
+    except ImportError:  # the [bench] extra is not installed: the JSON still has the samples
+        return None
+    xs, rss, hwm = zip(*rss_series(samples), strict=True)
+    effects = [x / 1000 for x in xs]
+    return draw(ctx.plots / "bench-memory.png", f"effects worker RSS while folding {int(xs[-1]):,} effects",
+                "effects folded (thousands)", [Panel("MB", [
+                    Series("VmRSS", effects, list(rss)), Series("VmHWM (peak)", effects, list(hwm), "--"),
+                    Series("RSS when ready", [effects[0], effects[-1]], [ready_mb, ready_mb], ":"),
+                    Series("target after 1,000,000 effects", [effects[0], effects[-1]], [TARGET_RSS_MB] * 2, "-."),
+                ])])  # fmt: skip

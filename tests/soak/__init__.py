@@ -1,0 +1,1 @@
+"""The soak (`make soak`): effect-ledger under steady load with kills and a broker restart."""
