@@ -11,6 +11,8 @@ from faust.sensors import Monitor
 #: Most events handed to one batch of the fold, and how long a batch waits to fill.
 BATCH_MAX = 2000
 BATCH_WITHIN_S = 0.005
+#: How long the group waits for a silent worker before its partitions go to the others.
+SESSION_TIMEOUT_S = 10.0
 
 
 class QuietMonitor(Monitor):
@@ -57,4 +59,10 @@ def throughput_settings() -> dict[str, Any]:
         "producer_max_batch_size": 256 << 10,
         # A table value is at most MAX_TABLE_VALUE_BYTES (900,000): one record must fit a request.
         "producer_max_request_size": 1_000_000,
+        # A worker killed without leaving the group (kill -9, a lost host) holds its partitions until
+        # the broker gives up on its heartbeats: faust's default of 60 s left every partition of the
+        # group unfolded for 60-105 s in the soak (make soak). Heartbeats come from the consumer's
+        # own thread, so a busy fold does not miss them.
+        "broker_session_timeout": SESSION_TIMEOUT_S,
+        "broker_heartbeat_interval": SESSION_TIMEOUT_S / 5,
     }

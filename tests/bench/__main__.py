@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[Callable[[Context], BenchResult], bool]] = {
     "audit_replay": (audit.run, True),
     "memory": (processor.run_memory, True),
     "claims": (claims.run, True),
+    "takeover": (processor.run_takeover, True),
 }
 
 

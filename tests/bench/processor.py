@@ -428,3 +428,38 @@ def _memory_plot(ctx: Context, samples: list[dict[str, Any]], ready_mb: float) -
                     Series("RSS when ready", [effects[0], effects[-1]], [ready_mb, ready_mb], ":"),
                     Series("target after 1,000,000 effects", [effects[0], effects[-1]], [TARGET_RSS_MB] * 2, "-."),
                 ])])  # fmt: skip
+
+
+def run_takeover(ctx: Context) -> BenchResult:
+    """Seconds from a worker's kill -9 until the surviving worker of its group owns every partition
+    and is ready (folding again), beside the group's session timeout (how long the broker waits for
+    a silent member: the floor of any takeover)."""
+    from effect_ledger.processors.faust_settings import SESSION_TIMEOUT_S
+
+    wd = ctx.workdir("takeover")
+    m = Metric(
+        "takeover after a worker's kill -9, 2 workers", "s", [], higher_is_better=False,
+        raw_what="the group's session timeout (s)",
+    )  # fmt: skip
+    for rep in range(ctx.reps):
+        cfg = ctx.kafka("takeover")
+        a = start_processor(ctx, cfg, wd, f"a{rep}")
+        b = start_processor(ctx, cfg, wd, f"b{rep}")
+        wait_all_ready([a, b], cfg.partitions)
+        t0 = time.monotonic()
+        a.kill()
+        took = float("nan")
+        while time.monotonic() - t0 < 180:
+            h = b.health() or {}
+            if h.get("ready") and len(h.get("partitions") or ()) == cfg.partitions:
+                took = time.monotonic() - t0
+                break
+            if not b.alive:
+                raise RuntimeError(f"the surviving processor exited:\n{_log_tail(b)}")
+            time.sleep(0.1)
+        b.kill()
+        ctx.drop(cfg)
+        m.runs.append(took)
+        m.raw_limit_runs.append(SESSION_TIMEOUT_S)
+        ctx.progress(f"takeover rep {rep + 1}/{ctx.reps}: {took:.1f} s (session timeout {SESSION_TIMEOUT_S:.0f} s)")
+    return BenchResult("takeover", "ran", [m])
