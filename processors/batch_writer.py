@@ -96,8 +96,8 @@ class BatchWriter:
         for partition, values in table.items():
             for key, value in values.items():
                 self._send(self._changelog, partition, key, value, None, self._on_changelog)
-        for topic, partition, key, value, headers in records:
-            self._send(topic, partition, key, value, headers, self._on_output)
+        for topic, partition, key, record, headers in records:
+            self._send(topic, partition, key, record, headers, self._on_output)
         # 3. every record acknowledged (the wait runs in a thread: the loop keeps serving lookups)
         while len(self._producer) > 0:
             await asyncio.to_thread(self._producer.flush, _FLUSH_SLICE_S)

@@ -395,6 +395,7 @@ class LedgerProcessor:
                 for event, _ev in evs:  # a retired key stays retired: nothing brings it back
                     await self.dead_letter(event.message, retirement.refusal(previous))
                 return
+            before: Effect | None
             try:
                 if cached is not None:
                     before = cached[1]
