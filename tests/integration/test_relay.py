@@ -244,11 +244,19 @@ def test_rows_marked_sent_only_after_the_broker_acknowledged_them(kafka_config: 
                 await ledger.record_receipt(
                     (await execute(ledger, dest, f"s-{batch}-0")).effect_id, f"hook-{batch}", {"n": batch}
                 )
-                sent_now = {event_id for _, event_id, _, _, sent in outbox(path) if sent}
-                on_topic = {codec.decode(m.value()).event_id for m in await asyncio.to_thread(reader.read_to_end)}
-                assert sent_now <= on_topic, f"marked sent but not on Kafka: {sorted(sent_now - on_topic)[:3]}"
-                snapshots += len(sent_now)
+                await check_sent_rows_are_on_topic()
+                # Once more after the relay marked this batch's rows sent (it may not have run yet:
+                # without sync it polls every 0.5 s), so the check always sees rows marked sent.
+                await wait_until(_all_sent(path), TIMEOUT, f"the rows of batch {batch} marked sent")
+                await check_sent_rows_are_on_topic()
             await wait_until(_depth_zero(ledger), TIMEOUT, "the outbox to drain")
+
+    async def check_sent_rows_are_on_topic() -> None:
+        nonlocal snapshots
+        sent_now = {event_id for _, event_id, _, _, sent in outbox(path) if sent}
+        on_topic = {codec.decode(m.value()).event_id for m in await asyncio.to_thread(reader.read_to_end)}
+        assert sent_now <= on_topic, f"marked sent but not on Kafka: {sorted(sent_now - on_topic)[:3]}"
+        snapshots += len(sent_now)
 
     try:
         asyncio.run(body())
@@ -260,6 +268,13 @@ def test_rows_marked_sent_only_after_the_broker_acknowledged_them(kafka_config: 
         assert len({partition_for(r[2].encode(), kafka_config.partitions) for r in rows}) == kafka_config.partitions
     finally:
         reader.close()
+
+
+def _all_sent(path: Path) -> Callable[[], Awaitable[bool]]:
+    async def cond() -> bool:
+        return all(sent for *_, sent in outbox(path))
+
+    return cond
 
 
 def _depth_zero(ledger: Ledger) -> Callable[[], Awaitable[bool]]:
