@@ -20,9 +20,10 @@ table value and a compacted state record written twice are the same record). A r
 refuses for good (too large, no such topic) raises ``OutputRefused``: the batch is not
 acknowledged and the worker stops, rather than acknowledge events whose outputs are lost.
 
-Why not faust's own table writes and producer: per record they cost ~20x this path here (a future,
-a callback and a RocksDB put of the offset per changelog record, aiokafka's pure-Python record
-batches; ``make bench``, processor_throughput).
+Why not faust's own table writes and producer: per record they make a future, a callback and a
+RocksDB put of the changelog offset, and aiokafka builds record batches in Python; with this path a
+worker's CPU per event went from 0.61-0.68 ms to 0.31-0.34 ms (``make bench``,
+processor_throughput).
 """
 
 from __future__ import annotations
