@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +20,38 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class _RandomHex(threading.local):
+    """80-bit random suffixes for event ids, 20 hex characters each, cut from one ``os.urandom``
+    read per ``_IDS_PER_READ`` ids. ``os.urandom`` releases the GIL: once per id, every event an SDK
+    wrote handed the interpreter to whichever thread was waiting for it (the store's, under
+    concurrent tasks), and the event loop waited to get it back. The bytes are the same kernel
+    randomness. Each thread cuts from its own bytes (a thread-local: no two threads can take the
+    same slice), and a forked child drops what its parent had not used, so no two processes share
+    a suffix either."""
+
+    _IDS_PER_READ = 256
+
+    def __init__(self) -> None:
+        self.hex = ""
+        self.at = 0
+
+    def take(self) -> str:
+        at = self.at
+        if at >= len(self.hex):
+            self.hex, at = os.urandom(10 * self._IDS_PER_READ).hex(), 0
+        self.at = at + 20
+        return self.hex[at : at + 20]
+
+
+_random = _RandomHex()
+os.register_at_fork(after_in_child=_random.__init__)  # in the child, the forking thread's bytes go
+_random_hex = _random.take
+
+
 def new_event_id() -> str:
     """32 hex characters, time-ordered (48-bit ms, then 80 random bits): unique like a uuid4, and
     kind to the event_id index, where random keys would scatter every insert."""
-    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+    return f"{time.time_ns() // 1_000_000:012x}{_random_hex()}"
 
 
 @dataclass(frozen=True, slots=True)
