@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from effect_ledger.streams.errors import EffectTooLarge, InvalidEffect
-from effect_ledger.streams.limits import MAX_REQUEST_BYTES
+from effect_ledger.streams.limits import CANONICAL_JSON, MAX_REQUEST_BYTES
 
 if TYPE_CHECKING:
     from effect_ledger.streams.erasure import Keyring
@@ -69,7 +69,7 @@ class BodyPolicy:
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return CANONICAL_JSON.encode(value)
 
 
 def redacted(value: Any, paths: tuple[str, ...]) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import quote
 
 from effect_ledger.streams.errors import EffectTooLarge, InvalidEffect
-from effect_ledger.streams.limits import MAX_ID_BYTES, MAX_REQUEST_BYTES, check_text
+from effect_ledger.streams.limits import CANONICAL_JSON, MAX_ID_BYTES, MAX_REQUEST_BYTES, check_text
 
 DEFAULT_NAMESPACE = "default"
 MAX_KEY_LENGTH = 255  # what common payment and ticket APIs accept as an idempotency key
@@ -76,7 +76,16 @@ def effect_key(target: str, operation: str, run_id: str, step: str, namespace: s
     check_name("target", target)
     check_name("operation", operation)
     check_ids(run_id, step, namespace)
-    material = json.dumps([namespace, run_id, step, operation], ensure_ascii=False, separators=(",", ":"))
+    return checked_effect_key(target, operation, run_id, step, namespace)
+
+
+_KEY_MATERIAL = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))  # json.dumps with these options
+
+
+def checked_effect_key(target: str, operation: str, run_id: str, step: str, namespace: str) -> str:
+    """``effect_key`` for identifiers the caller has already checked (``Ledger.execute`` checks
+    them once, for the intent too). The rule itself: NEVER CHANGE IT."""
+    material = _KEY_MATERIAL.encode([namespace, run_id, step, operation])
     return f"{target}:{hashlib.sha256(material.encode()).hexdigest()}"
 
 
@@ -105,7 +114,7 @@ def canonical_request(value: Any) -> tuple[str, str]:
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no whitespace: equal requests give equal bytes."""
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return CANONICAL_JSON.encode(value)
     except (TypeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep, or circular
         raise InvalidEffect(f"request is not JSON-serialisable: {type(e).__name__}: {e}") from e
 

@@ -57,7 +57,7 @@ from effect_ledger.streams.keys import (
     check_ids,
     check_key,
     check_name,
-    effect_key,
+    checked_effect_key,
 )
 from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, check_text, receipt_text, show
 from effect_ledger.streams.model import Decision, DecisionKind, Receipt, ReceiptSource
@@ -292,13 +292,13 @@ class Ledger:
             raise LedgerClosed(f"ledger {self._store.path} is closed")
         check_name("target", target)
         check_name("operation", operation)
-        self.target(target)  # undeclared: refused before anything is written
+        declared = self.target(target)  # undeclared: refused before anything is written
         ns = self._namespace if namespace is None else namespace
         check_ids(run_id, step, ns)  # recorded in the intent even when the key is given
         if key is None:
             if run_id is None or step is None:
                 raise InvalidEffect("give run_id and step (the key is derived from them), or key")
-            key = effect_key(target, operation, run_id, step, ns)
+            key = checked_effect_key(target, operation, run_id, step, ns)
         else:
             check_key(key)
         canonical, request_digest = canonical_request(request)  # valid, within MAX_REQUEST_BYTES
@@ -308,9 +308,7 @@ class Ledger:
         if not callable(call):
             raise InvalidEffect("call must be a function of the idempotency key")
         # What the intent records of the body: the target's policy (the digest is the full request's).
-        stored = await bodies.stored(
-            self.target(target).body, self.keyring, key, canonical, request_digest, self._clock()
-        )
+        stored = await bodies.stored(declared.body, self.keyring, key, canonical, request_digest, self._clock())
         spec = CallSpec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s), stored)
         return await self._executor.execute(key, spec, call)
 

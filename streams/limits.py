@@ -26,6 +26,12 @@ from typing import Any
 from effect_ledger.streams.errors import EffectTooLarge, InvalidEffect
 from effect_ledger.streams.model import INEXACT, INEXACT_PREFIX
 
+#: The canonical JSON of requests and receipt values: sorted keys, no whitespace, no NaN. One
+#: encoder for every call (``json.dumps`` with these options builds a new one each time); its
+#: ``encode`` is exactly ``json.dumps(value, sort_keys=True, separators=(",", ":"),
+#: ensure_ascii=False, allow_nan=False)``, so digests do not change.
+CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
 MAX_REQUEST_BYTES = 256 * 1024  # canonical JSON of a request, UTF-8; over it: EffectTooLarge
 MAX_RECEIPT_BYTES = 256 * 1024  # JSON of a receipt value; over it: stored digested, flagged
 MAX_ID_BYTES = 1024  # run_id, step, namespace (the key itself: MAX_KEY_LENGTH in keys.py, 255)
@@ -96,7 +102,7 @@ def receipt_text(value: Any) -> tuple[str, str | None]:
     (``{"effect_ledger.inexact": {"reason": ..., "type": ..., ...}}``), which the fold flags
     INEXACT_RECEIPT."""
     try:
-        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = CANONICAL_JSON.encode(value)
         size = len(text) if text.isascii() else len(text.encode())
     except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
         why = f"not JSON: {type(e).__name__}: {bounded_text(str(e), 256)}"

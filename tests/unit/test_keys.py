@@ -7,6 +7,7 @@ second effect, so it must fail the build.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 
@@ -15,7 +16,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effect_ledger.streams.errors import InvalidEffect
-from effect_ledger.streams.keys import MAX_KEY_LENGTH, canonical_json, check_key, check_name, digest, effect_key
+from effect_ledger.streams.keys import (
+    MAX_KEY_LENGTH,
+    canonical_json,
+    check_key,
+    check_name,
+    checked_effect_key,
+    digest,
+    effect_key,
+)
 
 # NEVER CHANGE: these keys are stored in ledgers and sent to destinations as idempotency keys.
 # Each was computed once and cross-checked by hand as sha256 of the UTF-8 JSON array
@@ -51,6 +60,31 @@ def test_key_vectors_never_change(args: tuple[str, str, str, str, str | None], e
     else:
         key = effect_key(target, operation, run_id, step, namespace=namespace)
     assert key == expected
+
+
+@pytest.mark.parametrize(("args", "expected"), KEY_VECTORS, ids=["default-ns", "shop-eu-ns", "non-ascii-run"])
+def test_the_unchecked_key_of_execute_gives_the_same_vectors(
+    args: tuple[str, str, str, str, str | None], expected: str
+) -> None:
+    # Ledger.execute checks the identifiers once and derives the key with checked_effect_key.
+    target, operation, run_id, step, namespace = args
+    assert checked_effect_key(target, operation, run_id, step, namespace or "default") == expected
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.integers(min_value=2**63, max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_canonical_json_is_json_dumps_with_the_canonical_options(value: object) -> None:
+    # One shared encoder replaces json.dumps(...) per call: a digest must not change by a byte.
+    expected = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    assert canonical_json(value) == expected
 
 
 def test_the_default_namespace_is_default() -> None:
