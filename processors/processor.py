@@ -224,6 +224,7 @@ class LedgerProcessor:
 
         @app.agent(self.sources, name="fold")
         async def fold(stream: Any) -> None:
+            faust_internals.quick_handoff(app)
             async for batch in stream.take_events(self.s.batch_max, within=self.s.batch_within_s):
                 await self.handle_batch(batch)
 
