@@ -68,6 +68,39 @@ def test_a_deadline_fires_only_after_grace_and_once_folded_to_where_the_partitio
     assert len(idx) == 0 and idx.oldest_due() is None
 
 
+def test_due_finds_each_past_due_key_once_at_its_latest_due_time() -> None:
+    idx = DeadlineIndex(grace_ms=0)
+    idx.rebuild([("old", 50), ("later", 10_000)], frozenset({0}), lambda k: 0)
+
+    def due(now: int) -> list[str]:
+        idx.record_highwaters(now, {0: 0})  # nothing to fold: every past-due key may fire
+        return sorted(k for k, _ in idx.due(now, lambda p: 0))
+
+    for t in (100, 5_000, 100, 7_000, 100):  # moved back and forth: its heap holds each time
+        idx.set("moved", 0, t)
+    idx.set("moved-away", 0, 100)
+    idx.set("moved-away", 0, 9_000)
+    idx.set("closed", 0, 100)
+    idx.set("closed", 0, None)
+    assert due(1_000) == ["moved", "old"]
+    assert due(1_000) == ["moved", "old"]  # not acted on: found again
+    idx.mark_sent("old", 0, 50, 1_000)
+    assert due(1_001) == ["moved"]  # sent: not again before RESEND_AFTER_MS
+    assert due(9_500) == ["moved", "moved-away", "old"]  # sent RESEND_AFTER_MS ago: again
+    assert due(10_000 + RESEND_AFTER_MS) == ["later", "moved", "moved-away", "old"]
+
+
+def test_the_deadline_heap_stays_bounded_by_the_entries() -> None:
+    idx = DeadlineIndex(grace_ms=0)
+    idx.rebuild([], frozenset({0}), lambda k: 0)
+    for i in range(20_000):
+        idx.set(f"k{i % 100}", 0, 1_000_000 + i)  # 100 keys, each moved 200 times
+    assert len(idx) == 100
+    assert len(idx._heap) <= 2 * len(idx) + 1024 + 1
+    idx.record_highwaters(10**9, {0: 0})
+    assert len(idx.due(10**9, lambda p: 0)) == 100
+
+
 # -- batch fold ---------------------------------------------------------------------------------
 
 
