@@ -24,7 +24,8 @@ Why each is needed (faust 0.15.3 has no public way):
   nothing"). Stopping the consumer's flow from the recover callback keeps the fetcher from taking
   records until faust resumes the flow, after the clear.
 * ``table_partitions``: the table's store per partition (``Store._db_for_partition``), so a batch's
-  values are written as one RocksDB write batch per partition (``batch_writer``), and the
+  values are written as one RocksDB write batch per partition (``batch_writer``) and read from it
+  without faust's layers (``table_reader``: the fold reads every key it has not cached), and the
   store's record of the last changelog offset it holds (``set_persisted_offset``). The memory store
   (``--store memory://``) keeps decoded keys in a dict (``Store.data``).
 * ``quick_handoff``: faust's fetcher hands each record to the streams with
@@ -56,14 +57,20 @@ from faust.types import TP
 FAUST_VERSION = "0.15.3"
 
 
-@contextmanager
-def as_current_event(event: Any) -> Iterator[None]:
-    """Make ``event`` faust's current event for the block (the partition tables read and write)."""
-    token = faust.streams._current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        faust.streams._current_event.reset(token)
+class as_current_event:  # noqa: N801 - used like the context manager function it replaced
+    """Make ``event`` faust's current event for the block (the partition tables read and write).
+    A class rather than a ``contextmanager`` generator: the fold enters one per key."""
+
+    __slots__ = ("_event", "_token")
+
+    def __init__(self, event: Any) -> None:
+        self._event = event
+
+    def __enter__(self) -> None:
+        self._token = faust.streams._current_event.set(weakref.ref(self._event))
+
+    def __exit__(self, *exc: object) -> None:
+        faust.streams._current_event.reset(self._token)
 
 
 @contextmanager
@@ -119,6 +126,24 @@ def table_partitions(table: Any) -> tuple[Callable[[int], Any], Callable[[], Any
         return store._db_for_partition, lambda: rocksdict.WriteBatch(raw_mode=True)
     partition = _DictPartition(table)  # memory://
     return (lambda _p: partition), _DictBatch
+
+
+def table_reader(table: Any) -> Callable[[int, bytes], bytes | None]:
+    """(partition, ``table_key``) -> the value the table holds for the key in that partition, or
+    None: what ``table.get`` reads with an event of that partition current (``Store._get``),
+    without faust's layers around it (``Store.data`` for the memory store)."""
+    store = table.data
+    if hasattr(store, "_db_for_partition"):  # rocksdb://
+        db_for = store._db_for_partition
+        return lambda partition, key: db_for(partition).get(key)
+    data = store.data  # memory://: keyed by the decoded key
+    serializers = table.app.serializers
+
+    def read(_partition: int, key: bytes) -> bytes | None:
+        value = data.get(serializers.loads_key(table.key_type, key, serializer=table.key_serializer))
+        return None if value is None else bytes(value)
+
+    return read
 
 
 def table_key(table: Any, key: str) -> bytes:

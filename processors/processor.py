@@ -199,6 +199,7 @@ class LedgerProcessor:
         self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
         self._cache: dict[str, tuple[bytes, Effect]] = {}
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
+        self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
         self.route = LookupRoute(
             partitions=k.partitions,
             bound_s=settings.lookup_bound_s,
@@ -385,12 +386,14 @@ class LedgerProcessor:
     async def _fold_key(self, key: str, evs: list[tuple[Any, Event]]) -> None:
         last = evs[-1][0]
         part = last.message.partition
-        # The table reads and writes the partition of faust's current event: this key's.
+        # The key's partition is read (``read_table``) and written (``out``) by number; its last event is
+        # faust's current event all the same, for what faust sends meanwhile (a dead letter).
         with faust_internals.as_current_event(last):
             cached = self._cache.get(key)
+            tkey = self.table_key(key)
             # A key this worker wrote since it was given the partition is in the table as cached
             # (the cache is emptied whenever partitions are revoked): no read.
-            previous = cached[0] if cached is not None else self.table.get(key)
+            previous = cached[0] if cached is not None else self.read_table(part, tkey)
             if retirement.is_marker(previous):
                 assert previous is not None
                 for event, _ev in evs:  # a retired key stays retired: nothing brings it back
@@ -422,10 +425,10 @@ class LedgerProcessor:
                     # the table write but before its changelog record and the state were
                     # delivered. Both writes are idempotent: write them again rather than risk
                     # them being lost.
-                    self.out.put(part, self.table_key(key), previous)
+                    self.out.put(part, tkey, previous)
                     self._publish(key, before, (), part)
                 return
-            self.out.put(part, self.table_key(key), result.value)
+            self.out.put(part, tkey, result.value)
         if self.metrics is not None:
             for b, a, ev in result.steps:
                 self._observe(b, a, ev)
@@ -438,6 +441,12 @@ class LedgerProcessor:
     def table_key(self, key: str) -> bytes:
         """The bytes the table stores ``key`` under."""
         return faust_internals.table_key(self.table, key)
+
+    def read_table(self, partition: int, tkey: bytes) -> bytes | None:
+        """The table's value under ``tkey`` (``table_key``) in ``partition``, or None."""
+        if self._read is None:
+            self._read = faust_internals.table_reader(self.table)
+        return self._read(partition, tkey)
 
     @property
     def out(self) -> BatchWriter:

@@ -95,7 +95,8 @@ def _table(tmp_path: Path, store: str) -> object:
 
 def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
     """A batch written through ``table_partitions`` under ``table_key`` is what the table reads, in
-    the key's partition (current event) and by key alone, in both stores."""
+    the key's partition (current event) and by key alone, in both stores; ``table_reader`` reads
+    what either wrote."""
     for store in ("rocksdb://", "memory://"):
 
         async def check(store: str = store) -> None:
@@ -110,6 +111,12 @@ def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
             with faust_internals.no_current_event():
                 assert table.get("payments:é1") == b"value-1"
                 assert table.get("payments:other") is None
+            read = faust_internals.table_reader(table)
+            assert read(2, faust_internals.table_key(table, "payments:é1")) == b"value-1"
+            assert read(2, faust_internals.table_key(table, "payments:other")) is None
+            with faust_internals.as_current_event(event):
+                table["payments:faust-2"] = b"value-3"
+            assert read(2, faust_internals.table_key(table, "payments:faust-2")) == b"value-3"
 
         asyncio.run(check())
 
