@@ -170,7 +170,7 @@ class LedgerProcessor:
         self.decisions = self.app.topic(topics.decisions, partitions=k.partitions, **raw)
         # The fold's source: both topics in one agent, so faust assigns their partitions together
         # (co-partitioned: same count, same keys) and one table holds every fact of a key.
-        self.sources = self.app.topic(topics.events, topics.decisions, partitions=k.partitions, **raw)
+        self.sources = self.app.topic(topics.events, topics.decisions, partitions=k.partitions, schema=RawSchema(**raw))
         self.state_topic = self.app.topic(topics.state, partitions=k.partitions, **raw)
         self.uncertain = self.app.topic(topics.uncertain, partitions=k.partitions, **raw)
         self.dlq = self.app.topic(topics.dlq, partitions=k.partitions, **raw)
@@ -619,6 +619,17 @@ class LedgerProcessor:
         done = (self.processed if topic == events else self.processed_decisions).get(partition, -1)
         committed = faust_internals.committed_offset(self.app, topic, partition)
         return max(done, committed - 1) if committed is not None else done
+
+
+class RawSchema(faust.Schema):
+    """Records as they came, key and value bytes: what the ``raw`` serializers give, without faust's
+    serializer registry in between (two look-ups per record the fetcher hands to the fold)."""
+
+    def loads_key(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        return message.key
+
+    def loads_value(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        return message.value
 
 
 def faust_credentials(k: KafkaConfig) -> Any:

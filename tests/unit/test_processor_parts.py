@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
+from typing import Any
+
+import faust
 
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.deadline_index import RESEND_AFTER_MS, DeadlineIndex, due_of
@@ -210,3 +214,27 @@ def test_lookup_refusals_token_starting_and_not_owner() -> None:
     assert asyncio.run(route({p: (9, -1)}, None, ready=False).get(KEY))[0] == 503
     assert asyncio.run(route({p: (9, -1)}, None, owned=False).get(KEY, owner_only=True))[0] == 421
     assert authorized(None, "") and not authorized("s", "Bearer t")
+
+
+def test_the_folds_raw_schema_gives_what_fausts_raw_serializers_give(tmp_path: Path) -> None:
+    """The fold's source topic reads records with ``processor.RawSchema``: the same key and value as
+    faust's own schema with the raw serializers, for bytes, empty bytes, None and a memoryview."""
+    from faust.types import Message
+
+    from effect_ledger.processors.processor import RawSchema
+
+    async def check() -> None:
+        app = faust.App("raw-schema-test", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), store="memory://")
+        kinds: dict[str, Any] = {
+            "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw",
+        }  # fmt: skip
+        ours, faust_own = RawSchema(**kinds), faust.Schema(**kinds)
+        for key, value in ((b"payments:k", b"\xc3\x01body"), (b"", b""), (None, None), (memoryview(b"k"), b"v")):
+            msg = Message("t", 0, 1, 0.0, 0, headers=[], key=key, value=value, checksum=None)
+            assert ours.loads_key(app, msg) == faust_own.loads_key(app, msg)
+            assert type(ours.loads_key(app, msg)) is type(faust_own.loads_key(app, msg))
+            assert ours.loads_value(app, msg) == faust_own.loads_value(app, msg)
+            event = await ours.compile(app)(msg)
+            assert (event.key, event.value) == (faust_own.loads_key(app, msg), faust_own.loads_value(app, msg))
+
+    asyncio.run(check())
