@@ -59,7 +59,7 @@ _JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # one encod
 def _json_writer() -> Callable[[Any], str]:
     """``_JSON.encode`` for the table's data (a dict), without the C encoder ``encode`` makes anew
     on every call: the same text, in 85 % of the time."""
-    make = json.encoder.c_make_encoder
+    make = getattr(json.encoder, "c_make_encoder", None)  # CPython's C accelerator (not in the stubs)
     if make is None:  # no C accelerator: the pure-Python encoder
         return _JSON.encode
     c = make(None, _JSON.default, json.encoder.encode_basestring, None, ":", ",", False, False, True)
