@@ -43,8 +43,10 @@ beyond loopback it needs a token (``web_token``). faust's own pages (``/router``
 statistics) are not served: they show the table's keys and the cluster's layout to whoever asks.
 
 faust is tuned for throughput (``faust_settings``): no per-message sensors, larger fetches and
-buffers, a producer that lingers a little so records share requests. Private faust parts the
-processor still needs live in ``faust_internals``.
+buffers, a producer that lingers a little so records share requests; its fetcher hands a record to
+the fold without making tasks for it (``faust_internals.quick_handoff``), and the fold's source
+reads key and value bytes as they came (``RawSchema``). Private faust parts the processor still
+needs live in ``faust_internals``.
 """
 
 from __future__ import annotations
