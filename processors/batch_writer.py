@@ -93,12 +93,24 @@ class BatchWriter:
             for key, value in values.items():
                 batch.put(key, value)
             self._db_for(partition).write(batch)
-        # 2. the changelog and the outputs
+        # 2. the changelog and the outputs (``_send`` only when the producer's queue is full)
+        produce, changelog, on_changelog, on_output = (
+            self._producer.produce,
+            self._changelog,
+            self._on_changelog,
+            self._on_output,
+        )
         for partition, values in table.items():
             for key, value in values.items():
-                self._send(self._changelog, partition, key, value, None, self._on_changelog)
+                try:
+                    produce(changelog, value, key, partition=partition, on_delivery=on_changelog)
+                except BufferError:
+                    self._send(changelog, partition, key, value, None, on_changelog)
         for topic, partition, key, record, headers in records:
-            self._send(topic, partition, key, record, headers, self._on_output)
+            try:
+                produce(topic, record, key, partition=partition, headers=headers, on_delivery=on_output)
+            except BufferError:
+                self._send(topic, partition, key, record, headers, on_output)
         # 3. every record acknowledged (the wait runs in a thread: the loop keeps serving lookups)
         while len(self._producer) > 0:
             await asyncio.to_thread(self._producer.flush, _FLUSH_SLICE_S)

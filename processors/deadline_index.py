@@ -6,6 +6,7 @@ high watermarks it saw at each tick (``record_highwaters``), and asks it which k
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -43,12 +44,24 @@ class Entry:
 class DeadlineIndex:
     """key -> (partition, due, last sent) for the effects of the partitions this worker owns, and
     per partition the high watermark at each tick (a deadline fires only once the partition is
-    folded up to where it stood when the deadline passed)."""
+    folded up to where it stood when the deadline passed).
+
+    ``due`` runs at every tick: it looks only at the entries past due, from a heap of (due, key)
+    (an entry's older due times stay in it until they come up, then are dropped; the heap is built
+    again from the entries when it holds twice as many)."""
 
     grace_ms: int = 1000
     entries: dict[str, Entry] = field(default_factory=dict)
     assigned: frozenset[int] | None = None  # the partitions it was built for (None: not built)
     _samples: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
+    _heap: list[tuple[int, str]] = field(default_factory=list)
+
+    def _push(self, key: str, due_ms: int) -> None:
+        heap = self._heap
+        if len(heap) > 2 * len(self.entries) + 1024:
+            heap[:] = [(e.due_ms, k) for k, e in self.entries.items()]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (due_ms, key))
 
     def rebuild(self, items: Iterable[tuple[str, int | None]], assigned: frozenset[int],
                 partition_of: Callable[[str], int]) -> None:  # fmt: skip
@@ -60,6 +73,8 @@ class DeadlineIndex:
                 if p in assigned:
                     entries[key] = Entry(p, due)
         self.entries = entries
+        self._heap = [(e.due_ms, k) for k, e in entries.items()]
+        heapq.heapify(self._heap)
         self.assigned = assigned
         self._samples = {p: s for p, s in self._samples.items() if p in assigned}
 
@@ -71,14 +86,20 @@ class DeadlineIndex:
         """A folded change: the key's new due time (None: nothing to watch)."""
         if due_ms is None:
             self.entries.pop(key, None)
-        else:
-            self.entries[key] = Entry(partition, due_ms)
+            return
+        old = self.entries.get(key)
+        self.entries[key] = Entry(partition, due_ms)
+        if old is None or old.due_ms != due_ms:
+            self._push(key, due_ms)
 
     def discard(self, key: str) -> None:
         self.entries.pop(key, None)
 
     def mark_sent(self, key: str, partition: int, due_ms: int, now_ms: int) -> None:
+        old = self.entries.get(key)
         self.entries[key] = Entry(partition, due_ms, now_ms)
+        if old is None or old.due_ms != due_ms:
+            self._push(key, due_ms)
 
     def record_highwaters(self, now_ms: int, highwaters: dict[int, int]) -> None:
         for p, hw in highwaters.items():
@@ -93,15 +114,24 @@ class DeadlineIndex:
         their partition stood then (an outcome produced before the deadline is seen first), and not
         acted on in the last ``RESEND_AFTER_MS``."""
         out = []
-        for key, e in self.entries.items():
-            at = e.due_ms + self.grace_ms
-            if at > now_ms or (e.sent_ms and now_ms - e.sent_ms < RESEND_AFTER_MS):
+        heap, entries = self._heap, self.entries
+        past: dict[str, int] = {}  # past due: back in the heap afterwards, acted on or not
+        while heap and heap[0][0] + self.grace_ms <= now_ms:
+            due_ms, key = heapq.heappop(heap)
+            e = entries.get(key)
+            if e is None or e.due_ms != due_ms or key in past:
+                continue  # an older due time of the key, a key gone, or the key twice: dropped
+            past[key] = due_ms
+            if e.sent_ms and now_ms - e.sent_ms < RESEND_AFTER_MS:
                 continue
+            at = e.due_ms + self.grace_ms
             times, marks = self._samples.get(e.partition, ([], []))
             i = bisect.bisect_left(times, at)
             if i == len(times) or folded_through(e.partition) < marks[i] - 1:
                 continue
             out.append((key, e))
+        for key, due_ms in past.items():
+            heapq.heappush(heap, (due_ms, key))
         return out
 
     def oldest_due(self) -> int | None:

@@ -24,15 +24,28 @@ Why each is needed (faust 0.15.3 has no public way):
   nothing"). Stopping the consumer's flow from the recover callback keeps the fetcher from taking
   records until faust resumes the flow, after the clear.
 * ``table_partitions``: the table's store per partition (``Store._db_for_partition``), so a batch's
-  values are written as one RocksDB write batch per partition (``batch_writer``), and the
+  values are written as one RocksDB write batch per partition (``batch_writer``) and read from it
+  without faust's layers (``table_reader``: the fold reads every key it has not cached), and the
   store's record of the last changelog offset it holds (``set_persisted_offset``). The memory store
   (``--store memory://``) keeps decoded keys in a dict (``Store.data``).
+* ``quick_handoff``: faust's fetcher hands each record to the streams with
+  ``Consumer.wait_first(callback(message), suspend_flow.wait())`` (``Consumer._drain_messages``):
+  four tasks, an ``asyncio.wait`` and three cancellations per record, most of the loop's work on a
+  busy worker, when the callback nearly always finishes at once (it puts the event in a stream's
+  buffer). The consumer's ``wait_first`` is replaced, for that call only, by one that runs the
+  callback until it first waits: done (the common case), nothing else is made; waiting (a full
+  buffer), it goes on under faust's own ``wait_first``, which still gives up on it when the flow is
+  suspended or the consumer stops. faust's version runs the callback's first step before any
+  other too (its task is made first), so nothing happens in another order.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,14 +57,20 @@ from faust.types import TP
 FAUST_VERSION = "0.15.3"
 
 
-@contextmanager
-def as_current_event(event: Any) -> Iterator[None]:
-    """Make ``event`` faust's current event for the block (the partition tables read and write)."""
-    token = faust.streams._current_event.set(weakref.ref(event))
-    try:
-        yield
-    finally:
-        faust.streams._current_event.reset(token)
+class as_current_event:  # noqa: N801 - used like the context manager function it replaced
+    """Make ``event`` faust's current event for the block (the partition tables read and write).
+    A class rather than a ``contextmanager`` generator: the fold enters one per key."""
+
+    __slots__ = ("_event", "_token")
+
+    def __init__(self, event: Any) -> None:
+        self._event = event
+
+    def __enter__(self) -> None:
+        self._token = faust.streams._current_event.set(weakref.ref(self._event))
+
+    def __exit__(self, *exc: object) -> None:
+        faust.streams._current_event.reset(self._token)
 
 
 @contextmanager
@@ -109,6 +128,24 @@ def table_partitions(table: Any) -> tuple[Callable[[int], Any], Callable[[], Any
     return (lambda _p: partition), _DictBatch
 
 
+def table_reader(table: Any) -> Callable[[int, bytes], bytes | None]:
+    """(partition, ``table_key``) -> the value the table holds for the key in that partition, or
+    None: what ``table.get`` reads with an event of that partition current (``Store._get``),
+    without faust's layers around it (``Store.data`` for the memory store)."""
+    store = table.data
+    if hasattr(store, "_db_for_partition"):  # rocksdb://
+        db_for = store._db_for_partition
+        return lambda partition, key: db_for(partition).get(key)
+    data = store.data  # memory://: keyed by the decoded key
+    serializers = table.app.serializers
+
+    def read(_partition: int, key: bytes) -> bytes | None:
+        value = data.get(serializers.loads_key(table.key_type, key, serializer=table.key_serializer))
+        return None if value is None else bytes(value)
+
+    return read
+
+
 def table_key(table: Any, key: str) -> bytes:
     """The bytes ``table`` stores ``key`` under (and sends as the changelog record's key)."""
     return bytes(table.app.serializers.dumps_key(table.key_type, key, serializer=table.key_serializer))
@@ -123,3 +160,72 @@ def persist_changelog_offset(table: Any, partition: int, offset: int) -> None:
 def peer_urls(app: faust.App) -> set[str]:
     """The web URLs of every worker of the group (this one included), as the assignor knows them."""
     return {str(u) for u in app.assignor._tps_url.values()}  # type: ignore[attr-defined]
+
+
+class _Resumed:
+    """A coroutine already run to where it first waits (on ``waiting``), awaitable from there on:
+    what ``yield from`` does, for a coroutine whose first step ran outside any task."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], waiting: Any) -> None:
+        self._coro = coro
+        self._waiting = waiting
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, waiting = self._coro, self._waiting
+        while True:
+            try:
+                sent = yield waiting
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # a cancellation, thrown into the task: into the coroutine
+                try:
+                    waiting = coro.throw(e)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    waiting = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+_EVENT_WAIT = asyncio.Event.wait.__code__  # the consumer's suspend_flow is an asyncio.Event
+
+
+def _is_handoff(consumer: Any, coros: tuple[Any, ...], timeout: Any) -> bool:
+    """``wait_first(callback(message), self.suspend_flow.wait())`` in ``Consumer._drain_messages``."""
+    return (
+        timeout is None
+        and len(coros) == 2
+        and isinstance(coros[0], types.CoroutineType)
+        and getattr(coros[1], "cr_code", None) is _EVENT_WAIT
+        and inspect.getcoroutinestate(coros[0]) == inspect.CORO_CREATED
+        and inspect.getcoroutinestate(coros[1]) == inspect.CORO_CREATED
+        and coros[1].cr_frame.f_locals.get("self") is consumer.suspend_flow
+    )
+
+
+def quick_handoff(app: faust.App) -> None:
+    """Make the fetcher's hand-off of a record to the streams cheap (module docstring). Idempotent."""
+    consumer: Any = app.consumer
+    if getattr(consumer, "_effect_ledger_quick_handoff", False):
+        return
+    original = consumer.wait_first
+
+    async def wait_first(*coros: Any, timeout: Any = None) -> Any:
+        if not _is_handoff(consumer, coros, timeout):
+            return await original(*coros, timeout=timeout)
+        callback, suspended = coros
+        try:
+            waiting = callback.send(None)
+        except StopIteration:  # handed off without waiting: what faust's version returns is not read
+            suspended.close()
+            return None
+        except BaseException:
+            suspended.close()
+            raise
+        return await original(_Resumed(callback, waiting), suspended)
+
+    consumer.wait_first = wait_first
+    consumer._effect_ledger_quick_handoff = True

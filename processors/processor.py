@@ -43,8 +43,10 @@ beyond loopback it needs a token (``web_token``). faust's own pages (``/router``
 statistics) are not served: they show the table's keys and the cluster's layout to whoever asks.
 
 faust is tuned for throughput (``faust_settings``): no per-message sensors, larger fetches and
-buffers, a producer that lingers a little so records share requests. Private faust parts the
-processor still needs live in ``faust_internals``.
+buffers, a producer that lingers a little so records share requests; its fetcher hands a record to
+the fold without making tasks for it (``faust_internals.quick_handoff``), and the fold's source
+reads key and value bytes as they came (``RawSchema``). Private faust parts the processor still
+needs live in ``faust_internals``.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ class LedgerProcessor:
         self.decisions = self.app.topic(topics.decisions, partitions=k.partitions, **raw)
         # The fold's source: both topics in one agent, so faust assigns their partitions together
         # (co-partitioned: same count, same keys) and one table holds every fact of a key.
-        self.sources = self.app.topic(topics.events, topics.decisions, partitions=k.partitions, **raw)
+        self.sources = self.app.topic(topics.events, topics.decisions, partitions=k.partitions, schema=RawSchema(**raw))
         self.state_topic = self.app.topic(topics.state, partitions=k.partitions, **raw)
         self.uncertain = self.app.topic(topics.uncertain, partitions=k.partitions, **raw)
         self.dlq = self.app.topic(topics.dlq, partitions=k.partitions, **raw)
@@ -199,6 +201,7 @@ class LedgerProcessor:
         self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
         self._cache: dict[str, tuple[bytes, Effect]] = {}
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
+        self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
         self.route = LookupRoute(
             partitions=k.partitions,
             bound_s=settings.lookup_bound_s,
@@ -224,6 +227,7 @@ class LedgerProcessor:
 
         @app.agent(self.sources, name="fold")
         async def fold(stream: Any) -> None:
+            faust_internals.quick_handoff(app)
             async for batch in stream.take_events(self.s.batch_max, within=self.s.batch_within_s):
                 await self.handle_batch(batch)
 
@@ -384,12 +388,14 @@ class LedgerProcessor:
     async def _fold_key(self, key: str, evs: list[tuple[Any, Event]]) -> None:
         last = evs[-1][0]
         part = last.message.partition
-        # The table reads and writes the partition of faust's current event: this key's.
+        # The key's partition is read (``read_table``) and written (``out``) by number; its last event is
+        # faust's current event all the same, for what faust sends meanwhile (a dead letter).
         with faust_internals.as_current_event(last):
             cached = self._cache.get(key)
+            tkey = self.table_key(key)
             # A key this worker wrote since it was given the partition is in the table as cached
             # (the cache is emptied whenever partitions are revoked): no read.
-            previous = cached[0] if cached is not None else self.table.get(key)
+            previous = cached[0] if cached is not None else self.read_table(part, tkey)
             if retirement.is_marker(previous):
                 assert previous is not None
                 for event, _ev in evs:  # a retired key stays retired: nothing brings it back
@@ -421,10 +427,10 @@ class LedgerProcessor:
                     # the table write but before its changelog record and the state were
                     # delivered. Both writes are idempotent: write them again rather than risk
                     # them being lost.
-                    self.out.put(part, self.table_key(key), previous)
+                    self.out.put(part, tkey, previous)
                     self._publish(key, before, (), part)
                 return
-            self.out.put(part, self.table_key(key), result.value)
+            self.out.put(part, tkey, result.value)
         if self.metrics is not None:
             for b, a, ev in result.steps:
                 self._observe(b, a, ev)
@@ -437,6 +443,12 @@ class LedgerProcessor:
     def table_key(self, key: str) -> bytes:
         """The bytes the table stores ``key`` under."""
         return faust_internals.table_key(self.table, key)
+
+    def read_table(self, partition: int, tkey: bytes) -> bytes | None:
+        """The table's value under ``tkey`` (``table_key``) in ``partition``, or None."""
+        if self._read is None:
+            self._read = faust_internals.table_reader(self.table)
+        return self._read(partition, tkey)
 
     @property
     def out(self) -> BatchWriter:
@@ -609,6 +621,17 @@ class LedgerProcessor:
         done = (self.processed if topic == events else self.processed_decisions).get(partition, -1)
         committed = faust_internals.committed_offset(self.app, topic, partition)
         return max(done, committed - 1) if committed is not None else done
+
+
+class RawSchema(faust.Schema):
+    """Records as they came, key and value bytes: what the ``raw`` serializers give, without faust's
+    serializer registry in between (two look-ups per record the fetcher hands to the fold)."""
+
+    def loads_key(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        return message.key
+
+    def loads_value(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
+        return message.value
 
 
 def faust_credentials(k: KafkaConfig) -> Any:

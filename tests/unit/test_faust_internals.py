@@ -10,6 +10,7 @@ from typing import Any
 
 import faust
 import faust.streams
+import pytest
 from faust.types import TP
 
 from effect_ledger.processors import faust_internals
@@ -94,7 +95,8 @@ def _table(tmp_path: Path, store: str) -> object:
 
 def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
     """A batch written through ``table_partitions`` under ``table_key`` is what the table reads, in
-    the key's partition (current event) and by key alone, in both stores."""
+    the key's partition (current event) and by key alone, in both stores; ``table_reader`` reads
+    what either wrote."""
     for store in ("rocksdb://", "memory://"):
 
         async def check(store: str = store) -> None:
@@ -109,6 +111,12 @@ def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
             with faust_internals.no_current_event():
                 assert table.get("payments:é1") == b"value-1"
                 assert table.get("payments:other") is None
+            read = faust_internals.table_reader(table)
+            assert read(2, faust_internals.table_key(table, "payments:é1")) == b"value-1"
+            assert read(2, faust_internals.table_key(table, "payments:other")) is None
+            with faust_internals.as_current_event(event):
+                table["payments:faust-2"] = b"value-3"
+            assert read(2, faust_internals.table_key(table, "payments:faust-2")) == b"value-3"
 
         asyncio.run(check())
 
@@ -128,5 +136,119 @@ def test_persist_changelog_offset_is_what_recovery_reads(tmp_path: Path) -> None
         faust_internals.persist_changelog_offset(table, 3, 41)
         tp = TP(table.changelog_topic.get_topic_name(), 3)
         assert table.data.persisted_offset(tp) == 41
+
+    asyncio.run(check())
+
+
+def test_the_fetcher_hands_each_record_off_with_wait_first() -> None:
+    """``quick_handoff`` replaces exactly this call of ``Consumer._drain_messages`` (faust 0.15.3)."""
+    import inspect
+
+    from faust.transport.consumer import Consumer
+
+    source = " ".join(inspect.getsource(Consumer._drain_messages).split())
+    assert "await self.wait_first( callback(message), self.suspend_flow.wait() )" in source
+
+
+def _counting_tasks(loop: asyncio.AbstractEventLoop) -> list[int]:
+    made = [0]
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made[0] += 1
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    return made
+
+
+def test_quick_handoff_runs_a_callback_that_does_not_wait_without_a_task(tmp_path: Path) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        consumer: Any = app.consumer
+        faust_internals.quick_handoff(app)
+        faust_internals.quick_handoff(app)  # idempotent
+        made = _counting_tasks(asyncio.get_running_loop())
+        handed: list[str] = []
+
+        async def callback(message: str) -> None:
+            handed.append(message)
+
+        for m in ("a", "b", "c"):
+            await consumer.wait_first(callback(m), consumer.suspend_flow.wait())
+        assert handed == ["a", "b", "c"]
+        assert made[0] == 0  # faust's own makes four per record
+
+        async def broken() -> None:
+            raise ValueError("no")
+
+        with pytest.raises(ValueError, match="no"):
+            await consumer.wait_first(broken(), consumer.suspend_flow.wait())
+
+    asyncio.run(check())
+
+
+def test_quick_handoff_waits_for_a_callback_that_waits_and_gives_up_when_the_flow_is_suspended(
+    tmp_path: Path,
+) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        consumer: Any = app.consumer
+        faust_internals.quick_handoff(app)
+        room: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        steps: list[str] = []
+
+        async def callback() -> None:
+            steps.append("started")
+            steps.append(await room)  # a full stream buffer: until the agent takes an event
+
+        waiting = asyncio.ensure_future(consumer.wait_first(callback(), consumer.suspend_flow.wait()))
+        await asyncio.sleep(0.01)
+        assert steps == ["started"] and not waiting.done()
+        room.set_result("put")
+        await asyncio.wait_for(waiting, 5)
+        assert steps == ["started", "put"]
+
+        # Suspended while it waits: abandoned (cancelled), as faust's own wait_first does.
+        never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        seen: list[str] = []
+
+        async def blocked() -> None:
+            try:
+                await never
+            except asyncio.CancelledError:
+                seen.append("cancelled")
+                raise
+
+        waiting = asyncio.ensure_future(consumer.wait_first(blocked(), consumer.suspend_flow.wait()))
+        await asyncio.sleep(0.01)
+        consumer.suspend_flow.set()
+        await asyncio.wait_for(waiting, 5)
+        await asyncio.sleep(0)
+        assert seen == ["cancelled"]
+
+        async def late_failure() -> None:
+            await asyncio.sleep(0)
+            raise KeyError("late")
+
+        consumer.suspend_flow.clear()
+        with pytest.raises(KeyError):
+            await consumer.wait_first(late_failure(), consumer.suspend_flow.wait())
+
+    asyncio.run(check())
+
+
+def test_quick_handoff_leaves_every_other_wait_first_to_faust(tmp_path: Path) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        consumer: Any = app.consumer
+        faust_internals.quick_handoff(app)
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        result = await consumer.wait_first(never, timeout=0.01)
+        assert result.stopped and not result.done  # timed out, the way faust's wait_first says it
+        event, other = asyncio.Event(), asyncio.Event()
+        event.set()
+        result = await consumer.wait_first(event.wait(), other.wait())
+        assert result.done  # another event than the flow's: faust's own, which says what finished
+        never.cancel()
 
     asyncio.run(check())

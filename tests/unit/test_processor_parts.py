@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from pathlib import Path
+from typing import Any
+
+import faust
 
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.deadline_index import RESEND_AFTER_MS, DeadlineIndex, due_of
@@ -66,6 +70,39 @@ def test_a_deadline_fires_only_after_grace_and_once_folded_to_where_the_partitio
     assert [k for k, _ in idx.due(11_100 + RESEND_AFTER_MS, folded.__getitem__)] == ["k"]
     idx.set("k", 0, None)
     assert len(idx) == 0 and idx.oldest_due() is None
+
+
+def test_due_finds_each_past_due_key_once_at_its_latest_due_time() -> None:
+    idx = DeadlineIndex(grace_ms=0)
+    idx.rebuild([("old", 50), ("later", 10_000)], frozenset({0}), lambda k: 0)
+
+    def due(now: int) -> list[str]:
+        idx.record_highwaters(now, {0: 0})  # nothing to fold: every past-due key may fire
+        return sorted(k for k, _ in idx.due(now, lambda p: 0))
+
+    for t in (100, 5_000, 100, 7_000, 100):  # moved back and forth: its heap holds each time
+        idx.set("moved", 0, t)
+    idx.set("moved-away", 0, 100)
+    idx.set("moved-away", 0, 9_000)
+    idx.set("closed", 0, 100)
+    idx.set("closed", 0, None)
+    assert due(1_000) == ["moved", "old"]
+    assert due(1_000) == ["moved", "old"]  # not acted on: found again
+    idx.mark_sent("old", 0, 50, 1_000)
+    assert due(1_001) == ["moved"]  # sent: not again before RESEND_AFTER_MS
+    assert due(9_500) == ["moved", "moved-away", "old"]  # sent RESEND_AFTER_MS ago: again
+    assert due(10_000 + RESEND_AFTER_MS) == ["later", "moved", "moved-away", "old"]
+
+
+def test_the_deadline_heap_stays_bounded_by_the_entries() -> None:
+    idx = DeadlineIndex(grace_ms=0)
+    idx.rebuild([], frozenset({0}), lambda k: 0)
+    for i in range(20_000):
+        idx.set(f"k{i % 100}", 0, 1_000_000 + i)  # 100 keys, each moved 200 times
+    assert len(idx) == 100
+    assert len(idx._heap) <= 2 * len(idx) + 1024 + 1
+    idx.record_highwaters(10**9, {0: 0})
+    assert len(idx.due(10**9, lambda p: 0)) == 100
 
 
 # -- batch fold ---------------------------------------------------------------------------------
@@ -177,3 +214,27 @@ def test_lookup_refusals_token_starting_and_not_owner() -> None:
     assert asyncio.run(route({p: (9, -1)}, None, ready=False).get(KEY))[0] == 503
     assert asyncio.run(route({p: (9, -1)}, None, owned=False).get(KEY, owner_only=True))[0] == 421
     assert authorized(None, "") and not authorized("s", "Bearer t")
+
+
+def test_the_folds_raw_schema_gives_what_fausts_raw_serializers_give(tmp_path: Path) -> None:
+    """The fold's source topic reads records with ``processor.RawSchema``: the same key and value as
+    faust's own schema with the raw serializers, for bytes, empty bytes, None and a memoryview."""
+    from faust.types import Message
+
+    from effect_ledger.processors.processor import RawSchema
+
+    async def check() -> None:
+        app = faust.App("raw-schema-test", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), store="memory://")
+        kinds: dict[str, Any] = {
+            "key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw",
+        }  # fmt: skip
+        ours, faust_own = RawSchema(**kinds), faust.Schema(**kinds)
+        for key, value in ((b"payments:k", b"\xc3\x01body"), (b"", b""), (None, None), (memoryview(b"k"), b"v")):
+            msg = Message("t", 0, 1, 0.0, 0, headers=[], key=key, value=value, checksum=None)
+            assert ours.loads_key(app, msg) == faust_own.loads_key(app, msg)
+            assert type(ours.loads_key(app, msg)) is type(faust_own.loads_key(app, msg))
+            assert ours.loads_value(app, msg) == faust_own.loads_value(app, msg)
+            event = await ours.compile(app)(msg)
+            assert (event.key, event.value) == (faust_own.loads_key(app, msg), faust_own.loads_value(app, msg))
+
+    asyncio.run(check())

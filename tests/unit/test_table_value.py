@@ -4,19 +4,24 @@ payloads are kept once and only where the fold reads them, and no value is ever 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from effect_ledger.processors import table_value
 from effect_ledger.processors.table_value import TableValueTooLarge, decode, encode, slim
 from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.effect import Effect, fold, to_state
+from effect_ledger.streams.effect import Effect, apply, claim_verdict, fold, to_state
 from effect_ledger.streams.limits import MAX_RECEIPT_BYTES, MAX_REQUEST_BYTES, MAX_TABLE_VALUE_BYTES, MAX_TEXT_BYTES
 from effect_ledger.streams.model import (
     INEXACT_PREFIX,
     Decision,
     DecisionKind,
+    Event,
     Executed,
     Flag,
     Intent,
@@ -27,6 +32,7 @@ from effect_ledger.streams.model import (
     State,
     Verdict,
 )
+from tests.unit.test_effect_properties import histories
 
 KEY = "payments:k"
 T = 1_700_000_000_000
@@ -160,3 +166,90 @@ def test_the_worst_ordinary_effect_fits() -> None:
     e = fold(evs)  # type: ignore[arg-type]
     assert e is not None and e.state is State.CONFIRMED
     assert len(encode(e, None)) < MAX_TABLE_VALUE_BYTES * 0.8
+
+
+# -- the value against a plain writer ----------------------------------------------------------
+
+
+class _ReferenceWriter:
+    """The format-2 walk, written plainly, and ``json.dumps``: what ``table_value.encode`` writes
+    (with its own walk and a C encoder made once) must be this, byte for byte."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, int] = {}
+        self.seen: dict[int, int] = {}
+
+    def dump(self, obj: object) -> object:
+        if isinstance(obj, str) and not isinstance(obj, enum.Enum):
+            return obj if len(obj) < table_value.BLOB_BYTES else {"$": self.blobs.setdefault(obj, len(self.blobs))}
+        if obj is None or isinstance(obj, bool | int | float) and not isinstance(obj, enum.Enum):
+            return obj
+        if isinstance(obj, enum.Enum):
+            return obj.value
+        if dataclasses.is_dataclass(obj):
+            if id(obj) in self.seen:
+                return {"^": self.seen[id(obj)]}
+            self.seen[id(obj)] = len(self.seen)
+            return {
+                "@": type(obj).__name__,
+                **{f.name: self.dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)},
+            }
+        if isinstance(obj, tuple | list):
+            return [self.dump(x) for x in obj]
+        raise TypeError(type(obj).__name__)
+
+
+def reference_encode(effect: Effect, due_ms: int | None) -> bytes:
+    w = _ReferenceWriter()
+    skeleton = json.dumps(w.dump(slim(effect)), separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
+    blobs = [text.encode("utf-8", "surrogatepass") for text in w.blobs]
+    counted = b"".join(struct.pack(">I", len(b)) + b for b in blobs)
+    return struct.pack(">BqI", table_value.FORMAT, -1 if due_ms is None else due_ms, len(blobs)) + counted + skeleton
+
+
+TEXTS = st.sampled_from(["{}", '{"a":"é\\u2028"}', "x" * (table_value.BLOB_BYTES - 1), "y" * table_value.BLOB_BYTES,
+                         big(table_value.ELIDE_OVER + 10, "z"), "\ud800 lone surrogate", ""])  # fmt: skip
+
+
+@st.composite
+def effects(draw: st.DrawFn) -> Effect:
+    """Random histories (``test_effect_properties``), with claims, and texts around the blob and elision
+    sizes in the requests, receipt values, errors and reasons."""
+    events = draw(histories())
+    out: list[Event] = []
+    for ev in events:
+        if isinstance(ev, Intent):
+            ev = dataclasses.replace(ev, request=draw(TEXTS))
+        elif isinstance(ev, Receipt):
+            ev = dataclasses.replace(ev, value=draw(TEXTS))
+        elif isinstance(ev, Executed) and ev.error is not None:
+            ev = dataclasses.replace(ev, error=draw(TEXTS))
+        elif isinstance(ev, Resolution):
+            ev = dataclasses.replace(ev, reason=draw(TEXTS))
+        out.append(ev)
+    e: Effect | None = None
+    for ev in out:
+        e, _ = apply(e, ev)
+        verdict = claim_verdict(e, ev) if draw(st.booleans()) else None
+        if verdict is not None:
+            e, _ = apply(e, verdict)
+    assert e is not None
+    return e
+
+
+@settings(max_examples=300, deadline=None)
+@given(effects(), st.sampled_from([None, 0, T]))
+def test_the_value_is_what_a_plain_writer_writes(effect: Effect, due: int | None) -> None:
+    try:
+        expected = reference_encode(effect, due)
+    except UnicodeEncodeError:
+        expected = None
+    if expected is not None and len(expected) > MAX_TABLE_VALUE_BYTES:
+        with pytest.raises(TableValueTooLarge):
+            encode(effect, due)
+        return
+    value = encode(effect, due)
+    assert value == expected
+    assert decode(value, CODEC.decode) == slim(effect)
