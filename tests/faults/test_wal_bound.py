@@ -3,8 +3,8 @@
 Before: checkpoints were PASSIVE only (``wal_autocheckpoint=0``, one every second from a thread of
 its own). A PASSIVE checkpoint never makes the WAL start over while writes go on, so the ``-wal``
 file grew for as long as the writes did (9.5 GB after 400,000 effects). Now the writer starts it
-over once it passes ``WAL_LIMIT_BYTES`` (and the file is cut back to the limit). Here the limit is lowered to 1 MiB and tasks write without a
-pause; the ``-wal`` file is measured after every effect.
+over once it passes ``WAL_LIMIT_BYTES`` (and the file is cut back to the limit). Here the limit is
+lowered to 1 MiB and tasks write without a pause; the ``-wal`` file is measured after every effect.
 """
 
 from __future__ import annotations
