@@ -44,8 +44,15 @@ class _RandomHex(threading.local):
 
 
 _random = _RandomHex()
-os.register_at_fork(after_in_child=_random.__init__)  # in the child, the forking thread's bytes go
 _random_hex = _random.take
+
+
+def _forget_in_child() -> None:
+    """After a fork, in the child: the forking thread's unread bytes are its parent's too."""
+    _random.hex, _random.at = "", 0
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def new_event_id() -> str:

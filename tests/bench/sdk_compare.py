@@ -11,7 +11,9 @@ another build of effect-ledger (today's main, say), measured in the same run, in
     .venv/bin/python -m tests.bench.sdk_compare --baseline /tmp/oldpkg
 
 Each measurement is a fresh process on a fresh file (``sdk_probe.py``, with ``PYTHONPATH`` set to
-``DIR`` for the baseline); per repetition the two builds alternate. Prints medians and ratios.
+``DIR`` for the baseline); per repetition the two builds alternate. Prints medians and ratios, and
+one more row: this tree's concurrent run with its SQL made a no-op (``sdk_probe.py --no-sql``), the
+Python side's own limit, and the share of it this tree keeps with SQLite.
 """
 
 from __future__ import annotations
@@ -29,13 +31,15 @@ PROBE = Path(__file__).with_name("sdk_probe.py")
 ROWS = [("sequential", "NORMAL"), ("sequential", "FULL"), ("concurrent", "NORMAL")]
 
 
-def probe(mode: str, durability: str, n: int, path: Path, pythonpath: str | None) -> dict[str, float]:
+def probe(
+    mode: str, durability: str, n: int, path: Path, pythonpath: str | None, no_sql: bool = False
+) -> dict[str, float]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run(
-        [sys.executable, str(PROBE), mode, durability, str(n), str(path)],
+        [sys.executable, str(PROBE), mode, durability, str(n), str(path), *(["--no-sql"] if no_sql else [])],
         env=env, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir(),
     )  # fmt: skip
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -63,6 +67,10 @@ def main() -> None:
                     runs.setdefault((mode, dur, build), []).append(value)
                     cpu.setdefault((mode, dur, build), []).append(r["cpu_us_per_effect"])
                     print(f"rep {rep + 1}: {mode} {dur} {build}: {value:,.0f}", file=sys.stderr)
+            # The same concurrent row with the SQL taken out: how much of this tree's cost is Python.
+            r = probe("concurrent", "NORMAL", args.n_concurrent, Path(tmp) / f"nosql-{rep}.db", None, no_sql=True)
+            runs.setdefault(("concurrent", "NORMAL", "no-sql"), []).append(r["effects_per_s"])
+            print(f"rep {rep + 1}: concurrent NORMAL this, SQL a no-op: {r['effects_per_s']:,.0f}", file=sys.stderr)
     # CPU (every thread of the process) beside wall time: on a shared machine it is the steadier one.
     head = f"{'row':<22} {'baseline':>12} {'this':>12} {'ratio':>7}"
     print(f"{head}   {'CPU us/effect: baseline':>24} {'this':>6} {'ratio':>6}")
@@ -77,6 +85,13 @@ def main() -> None:
             f"{mode + ' ' + dur:<22} {base:>12,.0f} {this:>12,.0f} {ratio:>6.2f}x   {statistics.median(b_cpu):>24,.0f} "
             f"{statistics.median(t_cpu):>6,.0f} {cpu_ratio:>5.2f}x  ({unit}, median of {args.reps})"
         )
+    nosql = runs[("concurrent", "NORMAL", "no-sql")]
+    with_sql = runs[("concurrent", "NORMAL", "this")]
+    share = statistics.median(t / x for t, x in zip(with_sql, nosql, strict=True))
+    print(
+        f"{'concurrent, SQL a no-op':<22} {'':>12} {statistics.median(nosql):>12,.0f}   this tree's Python alone: "
+        f"with SQLite it runs at {share:.2f} of this (effects/s, median of {args.reps})"
+    )
 
 
 if __name__ == "__main__":
