@@ -116,6 +116,30 @@ class SchemaPublisher:
                 self._done.add(key)
 
 
+#: Errors of a watermark query that say "not yet", not "no": a partition whose leader is being
+#: elected (a topic just created, a broker restarting) answers NOT_LEADER_FOR_PARTITION or
+#: LEADER_NOT_AVAILABLE for a moment; the client's own retriable errors likewise.
+_NOT_YET = frozenset({6, 5, 3, -195, -185})  # not leader, leader not available, unknown partition, transport, timed out
+
+
+def high_watermark(consumer: Any, tp: Any, deadline: float) -> int:
+    """The high watermark of ``tp``, asked again while the broker answers "not yet" (``_NOT_YET``)
+    and the monotonic ``deadline`` is ahead; any other error, or one at the deadline, is raised
+    (``KafkaException``)."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            _, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
+            return int(high)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            transient = err is not None and (err.code() in _NOT_YET or err.retriable())
+            if not transient or time.monotonic() + 0.05 >= deadline:
+                raise
+        time.sleep(0.05)  # a leader election takes a few heartbeats; no need to hammer the broker
+
+
 class TopicResolver:
     """A codec ``resolver`` that reads ``effects.schemas``: on an unknown fingerprint, reads what the
     topic gained since the last read (up to its high watermarks, within ``wait_s``) and answers from
@@ -166,9 +190,7 @@ class TopicResolver:
                 raise LookupError(f"topic {topic} does not exist")
             todo: dict[int, int] = {}
             for p in t.partitions:
-                _, high = c.get_watermark_offsets(
-                    TopicPartition(topic, p), timeout=max(0.1, deadline - time.monotonic())
-                )
+                high = high_watermark(c, TopicPartition(topic, p), deadline)
                 if high > self._next.get(p, 0):
                     todo[p] = high
             if not todo:
