@@ -183,7 +183,7 @@ def compile_record(parsed: dict[str, Any], prefix: bytes = b"") -> Callable[[Any
 
     The writer is one generated function of straight-line statements, a few per field (built once
     per record type from the schema's own field names, which Avro restricts to identifiers): no
-    call per field for the common types, which halves the cost of a per-field function table."""
+    call per field for the common types."""
     if parsed.get("type") != "record":
         return None
     env: dict[str, Any] = {"_ONE_BYTE": _ONE_BYTE, "_zigzag": _zigzag, "_PREFIX": bytes(prefix)}
