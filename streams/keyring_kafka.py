@@ -27,6 +27,7 @@ import uuid
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.erasure import subject_digest
 from effect_ledger.streams.errors import InvalidEffect, LedgerUnavailable
+from effect_ledger.streams.watermarks import watermarks
 
 
 class KafkaKeyring:
@@ -108,7 +109,7 @@ class KafkaKeyring:
                 ends: dict[int, int] = {}
                 assignment = []
                 for p in t.partitions:
-                    lo, hi = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout_s)
+                    lo, hi = watermarks(c, TopicPartition(self.topic, p), time.monotonic() + self.timeout_s)
                     if hi > lo:
                         ends[p] = hi
                         assignment.append(TopicPartition(self.topic, p, lo))

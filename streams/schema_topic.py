@@ -31,6 +31,7 @@ from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.errors import LedgerError
 from effect_ledger.streams.registry import RegistryClient
+from effect_ledger.streams.watermarks import high_watermark
 
 log = logging.getLogger(__name__)
 
@@ -114,30 +115,6 @@ class SchemaPublisher:
                 publish_schemas(self.cfg, self.codec.writer_schemas().values(), self.timeout)
                 self.codec.register_all()  # with a schema registry: encode never waits on it
                 self._done.add(key)
-
-
-#: Errors of a watermark query that say "not yet", not "no": a partition whose leader is being
-#: elected (a topic just created, a broker restarting) answers NOT_LEADER_FOR_PARTITION or
-#: LEADER_NOT_AVAILABLE for a moment; the client's own retriable errors likewise.
-_NOT_YET = frozenset({6, 5, 3, -195, -185})  # not leader, leader not available, unknown partition, transport, timed out
-
-
-def high_watermark(consumer: Any, tp: Any, deadline: float) -> int:
-    """The high watermark of ``tp``, asked again while the broker answers "not yet" (``_NOT_YET``)
-    and the monotonic ``deadline`` is ahead; any other error, or one at the deadline, is raised
-    (``KafkaException``)."""
-    from confluent_kafka import KafkaException
-
-    while True:
-        try:
-            _, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
-            return int(high)
-        except KafkaException as e:
-            err = e.args[0] if e.args else None
-            transient = err is not None and (err.code() in _NOT_YET or err.retriable())
-            if not transient or time.monotonic() + 0.05 >= deadline:
-                raise
-        time.sleep(0.05)  # a leader election takes a few heartbeats; no need to hammer the broker
 
 
 class TopicResolver:

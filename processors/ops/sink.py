@@ -9,6 +9,7 @@ newer version.
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.tables import state_row
+from effect_ledger.streams.watermarks import watermarks
 
 MAX_BATCH = 100_000  # records per transaction, at most (--batch)
 
@@ -71,7 +73,7 @@ class StateSink:
             assignment = []
             ends: dict[int, int] = {}
             for p in parts:
-                lo, hi = c.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                lo, hi = watermarks(c, TopicPartition(self.topic, p), time.monotonic() + 10)
                 start = max(stored.get(p, lo), lo)
                 ends[p] = hi
                 assignment.append(TopicPartition(self.topic, p, start))

@@ -1,8 +1,8 @@
-"""``schema_topic.high_watermark``: a reader of ``effects.schemas`` asks again while the broker says
-"not yet" (a topic just created has no leader for a moment: NOT_LEADER_FOR_PARTITION), within its
-deadline, and fails at once on anything else. Before, the first NOT_LEADER answer made a reader
-report the schemas "could not be looked up" although they were there a moment later
-(tests/integration/test_schema_upgrade.py met it on a freshly created topic)."""
+"""``watermarks.high_watermark``: a reader of a compacted topic (``effects.schemas`` here) asks
+again while the broker says "not yet" (a topic just created has no leader for a moment:
+NOT_LEADER_FOR_PARTITION), within its deadline, and fails at once on anything else. Before, the
+first NOT_LEADER answer made a reader report the schemas "could not be looked up" although they
+were there a moment later (tests/integration/test_schema_upgrade.py met it on a fresh topic)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from effect_ledger.streams.schema_topic import high_watermark
+from effect_ledger.streams.watermarks import high_watermark
 
 TP = TopicPartition("effects.schemas", 0)
 

@@ -1,0 +1,57 @@
+"""A partition's watermarks, asked again while the broker answers "not yet".
+
+A partition whose leader is being elected (a topic just created, a broker restarting) answers a
+watermark query with NOT_LEADER_FOR_PARTITION or LEADER_NOT_AVAILABLE for a moment. Every reader
+that reads a compacted topic from its start to its end (the schemas, the erasure keys, the state
+sink) asks through here, so none of them reports such a moment as a topic it cannot read.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from typing import Any
+
+_PAUSE_S = 0.05  # a leader election takes a few heartbeats: no need to hammer the broker
+
+
+@cache
+def _not_yet() -> frozenset[int]:
+    """Errors that say "not yet", not "no" (the client's own retriable errors count too). Built on
+    first use: confluent-kafka is the ``[kafka]`` extra, and this module is imported without it."""
+    from confluent_kafka import KafkaError
+
+    return frozenset(
+        {
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+            KafkaError.UNKNOWN_TOPIC_OR_PART,  # a partition of a topic created a moment ago
+            KafkaError._TRANSPORT,
+            KafkaError._TIMED_OUT,
+        }
+    )
+
+
+def watermarks(consumer: Any, tp: Any, deadline: float) -> tuple[int, int]:
+    """(low, high) of ``tp``, asked again while the broker answers "not yet" and the monotonic
+    ``deadline`` is ahead; any other error, or one at the deadline, is raised (``KafkaException``)."""
+    from confluent_kafka import KafkaException
+
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
+            return int(low), int(high)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            transient = err is not None and (err.code() in _not_yet() or err.retriable())
+            if not transient or time.monotonic() + _PAUSE_S >= deadline:
+                raise
+        time.sleep(_PAUSE_S)
+
+
+def high_watermark(consumer: Any, tp: Any, deadline: float) -> int:
+    """The high watermark of ``tp`` (``watermarks``)."""
+    return watermarks(consumer, tp, deadline)[1]
+
+
+__all__ = ["high_watermark", "watermarks"]
