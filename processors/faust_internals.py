@@ -22,7 +22,21 @@ Why each is needed (faust 0.15.3 has no public way):
   them again, but one without (its previous worker was killed before its first commit) is not: its
   position has moved past them, and the worker never folds them (a restart that "processed
   nothing"). Stopping the consumer's flow from the recover callback keeps the fetcher from taking
-  records until faust resumes the flow, after the clear.
+  records until faust resumes the flow, after the clear. A fetch already under way when the flow
+  stops still returns records; faust drops them and seeks back (``seek_uncommitted_to_start``
+  makes that seek right for a partition without a commit too).
+* ``seek_uncommitted_to_start``: faust's one way back to "where the group stands" is
+  ``Consumer.perform_seek``, which calls ``seek_to_committed``. It runs after every table recovery,
+  and again whenever records come back from a fetch while the consumer's flow is stopped (faust
+  drops those records, the fetch position having moved past them: ``Consumer.getmany``). aiokafka's
+  ``seek_to_committed`` leaves a partition without a committed offset (or with 0) where it is, so a
+  partition nobody has committed yet (its previous worker was stopped before its group's first
+  commit, or a new group) kept the position past the dropped records: a worker that rebuilt its
+  table from the changelog then folded nothing at all. The consumer's ``seek_to_committed`` is
+  wrapped, on the instance, so that it also puts such partitions of the source topics back at their
+  first record: the group's policy for a partition without a commit ("earliest"), said every time
+  faust goes back, not once. Reading a record twice is harmless (the fold ignores an event id it
+  holds); skipping one is not.
 * ``table_partitions``: the table's store per partition (``Store._db_for_partition``), so a batch's
   values are written as one RocksDB write batch per partition (``batch_writer``) and read from it
   without faust's layers (``table_reader``: the fold reads every key it has not cached), and the
@@ -90,6 +104,29 @@ def committed_offset(app: faust.App, topic: str, partition: int) -> int | None:
         return None
     value = offsets.get(TP(topic, partition))
     return None if value is None else int(value)
+
+
+def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:
+    """Make faust's seeks back to the committed offsets put a partition of ``topics`` that has no
+    committed offset back at its first record (module docstring). Idempotent; call before the
+    first assignment's recovery ends (the processor calls it from ``on_rebalance_complete``)."""
+    consumer: Any = app.consumer
+    if getattr(consumer, "_effect_ledger_seek_uncommitted", None) is not None:
+        consumer._effect_ledger_seek_uncommitted = topics
+        return
+    consumer._effect_ledger_seek_uncommitted = topics
+    original = consumer.seek_to_committed
+
+    async def seek_to_committed() -> Any:
+        committed = await original()
+        sources = consumer._effect_ledger_seek_uncommitted
+        fresh = [tp for tp, offset in committed.items() if tp.topic in sources and not offset]
+        if fresh:
+            earliest = await consumer.earliest_offsets(*fresh)
+            await consumer.seek_wait({tp: int(earliest.get(tp) or 0) for tp in fresh})
+        return committed
+
+    consumer.seek_to_committed = seek_to_committed
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

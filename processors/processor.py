@@ -55,7 +55,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -242,12 +242,17 @@ class LedgerProcessor:
             faust_internals.hold_fetching_until_streams_resume(app)
             self._rebuild_index(self._assigned())
 
-        # (mode's handler type names the signal's generic sender type, which a plain function here
-        # cannot spell; faust calls it as receiver(sender, signal=...) and awaits what it returns.)
-        def rewind(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> Awaitable[None]:
-            return self.rewind_uncommitted()
+        # faust sends on_rebalance_complete when table recovery ends, before it seeks the source
+        # partitions back to their committed offsets: from then on, a partition with no commit
+        # goes back to its first record too (faust_internals.seek_uncommitted_to_start). (mode's
+        # handler type names the signal's generic sender type, which a plain function here cannot
+        # spell; faust calls it as receiver(sender, signal=...).)
+        sources = frozenset({self.events.get_topic_name(), self.decisions.get_topic_name()})
 
-        app.on_rebalance_complete.connect(cast(Any, rewind))
+        def seek_uncommitted(sender: Any, *args: Any, signal: Any, **kwargs: Any) -> None:
+            faust_internals.seek_uncommitted_to_start(app, sources)
+
+        app.on_rebalance_complete.connect(cast(Any, seek_uncommitted))
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
@@ -280,29 +285,6 @@ class LedgerProcessor:
                         "open": len(processor.index),
                     }
                 )
-
-    async def rewind_uncommitted(self) -> None:
-        """Put every source partition that has no committed offset back at its first record.
-
-        faust sends ``on_rebalance_complete`` after table recovery, just before it seeks the
-        stream partitions to their committed offsets; aiokafka's ``seek_to_committed`` skips a
-        partition with none (or with 0), so records fetched ahead while recovery ran, and dropped,
-        would never be folded (a worker killed before its first commit restarted past them). The
-        group's policy for a partition without a commit is "from the earliest record": said here
-        with an explicit seek, which also drops whatever was fetched ahead. (The fetcher is held
-        during recovery too, ``faust_internals.hold_fetching_until_streams_resume``.)"""
-        consumer: Any = self.app.consumer  # faust's Consumer (ConsumerT does not declare the seeks)
-        sources = {self.events.get_topic_name(), self.decisions.get_topic_name()}
-        tps = [tp for tp in consumer.assignment() if tp.topic in sources]
-        if not tps:
-            return
-        committed = await consumer.seek_to_committed()
-        fresh = [tp for tp in tps if not committed.get(tp)]
-        if not fresh:
-            return
-        earliest = await consumer.earliest_offsets(*fresh)
-        await consumer.seek_wait({tp: int(earliest.get(tp) or 0) for tp in fresh})
-        log.debug("no committed offset: reading from the first record on %s", sorted(str(tp) for tp in fresh))
 
     @property
     def ready(self) -> bool:

@@ -252,3 +252,54 @@ def test_quick_handoff_leaves_every_other_wait_first_to_faust(tmp_path: Path) ->
         never.cancel()
 
     asyncio.run(check())
+
+
+def test_faust_goes_back_to_the_committed_offsets_through_seek_to_committed() -> None:
+    """``seek_uncommitted_to_start`` wraps the call both of faust's ways back go through (0.15.3):
+    the seek after recovery and the one after a fetch that returned while the flow was stopped."""
+    import inspect
+
+    from faust.transport.consumer import Consumer
+
+    assert "await self.seek_to_committed()" in inspect.getsource(Consumer.perform_seek)
+    getmany = inspect.getsource(Consumer.getmany)
+    assert getmany.index("if self.flow_active:") < getmany.index("await self.perform_seek()")
+
+
+def test_seek_uncommitted_to_start_rewinds_source_partitions_without_a_commit(tmp_path: Path) -> None:
+    """A source partition with no committed offset (None) or 0 goes to its first record; one with a
+    commit, and any partition of another topic (a changelog), are left to faust."""
+    from faust.transport.consumer import Consumer
+
+    async def check() -> None:
+        app = _app(tmp_path)
+        consumer: Any = app.consumer
+        committed = {TP("events", 0): None, TP("events", 1): 0, TP("events", 2): 17,
+                     TP("decisions", 0): None, TP("changelog", 0): None}  # fmt: skip
+        seeks: list[dict[TP, int]] = []
+
+        async def seek_to_committed() -> dict[TP, int | None]:
+            return dict(committed)
+
+        async def earliest_offsets(*tps: TP) -> dict[TP, int]:
+            return {tp: 5 if tp.partition == 1 else 0 for tp in tps}
+
+        async def seek_wait(offsets: dict[TP, int]) -> None:
+            seeks.append(dict(offsets))
+
+        consumer.seek_to_committed = seek_to_committed
+        consumer.earliest_offsets = earliest_offsets
+        consumer.seek_wait = seek_wait
+        faust_internals.seek_uncommitted_to_start(app, frozenset({"events", "decisions"}))
+        faust_internals.seek_uncommitted_to_start(app, frozenset({"events", "decisions"}))  # idempotent
+        assert await consumer.seek_to_committed() == committed  # what faust reads is unchanged
+        assert seeks == [{TP("events", 0): 0, TP("events", 1): 5, TP("decisions", 0): 0}]
+        # faust's own way back reaches the wrapper.
+        consumer._read_offset[TP("events", 0)] = 9
+        await Consumer.perform_seek(consumer)
+        assert len(seeks) == 2 and consumer._read_offset[TP("events", 0)] is None
+        committed.update({TP("events", 0): 3, TP("events", 1): 4, TP("decisions", 0): 1})
+        await consumer.seek_to_committed()
+        assert len(seeks) == 2  # every source partition has a commit now: no seek of ours
+
+    asyncio.run(check())
