@@ -65,6 +65,7 @@ from typing import Any
 
 import faust
 import faust.streams
+from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
 #: The faust-streaming release the accesses below were read from (DEPENDENCIES.md: use it exactly).
@@ -123,7 +124,11 @@ def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:
         fresh = [tp for tp, offset in committed.items() if tp.topic in sources and not offset]
         if fresh:
             earliest = await consumer.earliest_offsets(*fresh)
-            await consumer.seek_wait({tp: int(earliest.get(tp) or 0) for tp in fresh})
+            assigned = consumer.assignment()  # a rebalance may have taken some away meanwhile
+            try:
+                await consumer.seek_wait({tp: int(earliest.get(tp) or 0) for tp in fresh if tp in assigned})
+            except IllegalStateError:  # taken away during the seek: the next assignment seeks again
+                pass
         return committed
 
     consumer.seek_to_committed = seek_to_committed

@@ -11,6 +11,7 @@ from typing import Any
 import faust
 import faust.streams
 import pytest
+from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
 from effect_ledger.processors import faust_internals
@@ -290,6 +291,7 @@ def test_seek_uncommitted_to_start_rewinds_source_partitions_without_a_commit(tm
         consumer.seek_to_committed = seek_to_committed
         consumer.earliest_offsets = earliest_offsets
         consumer.seek_wait = seek_wait
+        consumer.assignment = lambda: set(committed)
         faust_internals.seek_uncommitted_to_start(app, frozenset({"events", "decisions"}))
         faust_internals.seek_uncommitted_to_start(app, frozenset({"events", "decisions"}))  # idempotent
         assert await consumer.seek_to_committed() == committed  # what faust reads is unchanged
@@ -301,5 +303,17 @@ def test_seek_uncommitted_to_start_rewinds_source_partitions_without_a_commit(tm
         committed.update({TP("events", 0): 3, TP("events", 1): 4, TP("decisions", 0): 1})
         await consumer.seek_to_committed()
         assert len(seeks) == 2  # every source partition has a commit now: no seek of ours
+        # A partition no longer assigned (a rebalance meanwhile) is not sought; one taken away
+        # during the seek ends it quietly (the next assignment seeks again).
+        committed.update({TP("events", 0): None, TP("events", 1): None})
+        consumer.assignment = lambda: {TP("events", 1)}
+        await consumer.seek_to_committed()
+        assert seeks[-1] == {TP("events", 1): 5}
+
+        async def taken_away(offsets: dict[TP, int]) -> None:
+            raise IllegalStateError("No current assignment for partition")
+
+        consumer.seek_wait = taken_away
+        assert await consumer.seek_to_committed() == committed
 
     asyncio.run(check())
