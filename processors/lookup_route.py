@@ -84,13 +84,21 @@ class LookupRoute:
     async def lookup(self, key: str, p: int, asked: FoldedThrough | None = None) -> Answer:
         """Answer once the key's partition is folded through the offsets the agent asked for (the
         offset of its own intent: a claim answer), or else through the high watermarks now."""
+        give_up = self.clock() + self.bound_s  # the whole answer, the broker's included
         if asked is not None:
-            # The agent knows what it waits for: no broker round trip (which queues behind the
-            # consumer's fetch long-poll, ~1 s).
+            # The agent knows what it waits for: no broker round trip.
             hw, dhw = asked.events + 1, asked.decisions + 1
         else:
-            hw, dhw = await self.highwaters(p)  # a decision acknowledged before the request counts too
-        give_up = self.clock() + self.bound_s
+            try:  # a decision acknowledged before the request counts too
+                hw, dhw = await asyncio.wait_for(self.highwaters(p), self.bound_s)
+            except Exception as e:  # noqa: BLE001 - a timeout, or the broker's error: the client retries a 503
+                return 503, {
+                    "lagging": True,
+                    "partition": p,
+                    "owned": True,
+                    "reason": f"the broker did not tell the high watermark within {self.bound_s:g} s"
+                    f" ({type(e).__name__})",
+                }
         while True:
             done, ddone = self.folded(p)
             if done >= hw - 1 and ddone >= dhw - 1:
@@ -131,6 +139,7 @@ class LookupRoute:
         timeout = aiohttp.ClientTimeout(total=self.bound_s + 5)
         # The workers of one app share the token (one setting for the cluster).
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        silent: list[str] = []  # workers that did not answer (busy, or gone)
         async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
             for url in sorted(urls):
                 template = url.rstrip("/").replace("{", "{{").replace("}", "}}") + "/effects/{key}?owner-only=1"
@@ -141,6 +150,13 @@ class LookupRoute:
                         if r.status == 421:
                             continue
                         return r.status, await r.json(content_type=None)
-                except (aiohttp.ClientError, TimeoutError, ValueError):
+                except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+                    silent.append(f"{url}: {type(e).__name__}")
                     continue
+        if silent:  # one of them may be the owner: say so, rather than that nobody owns it
+            return 503, {
+                "lagging": True,
+                "partition": partition,
+                "reason": f"the worker that may own the partition did not answer in time ({'; '.join(silent)})",
+            }
         return 503, {"lagging": True, "partition": partition, "reason": "no worker owns the partition right now"}

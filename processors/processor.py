@@ -205,6 +205,7 @@ class LedgerProcessor:
         self._cache: OrderedDict[str, tuple[bytes, Effect]] = OrderedDict()
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
         self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
+        self._watermark_client: Any = None  # the lookups' confluent-kafka client (_lookup_highwaters)
         self.route = LookupRoute(
             partitions=k.partitions,
             bound_s=settings.lookup_bound_s,
@@ -578,10 +579,31 @@ class LedgerProcessor:
         return out
 
     async def _lookup_highwaters(self, p: int) -> tuple[int, int]:
-        tp = TP(self.events.get_topic_name(), p)
-        dtp = TP(self.decisions.get_topic_name(), p)
-        hws = await self.app.consumer.highwaters(tp, dtp)
-        return int(hws.get(tp) or 0), int(hws.get(dtp) or 0)
+        """The high watermarks of ``p`` (effects.events, effects.decisions), asked of the broker by
+        a client of the lookups' own: faust's consumer runs its requests one after another in its
+        thread, where a lookup's question waited behind fetches and commits (seconds, on a worker
+        catching up after a restart: the forwarding worker gave up and said nobody owned the
+        partition)."""
+        from confluent_kafka import TopicPartition
+
+        from effect_ledger.streams.watermarks import high_watermark
+
+        if self._watermark_client is None:
+            from confluent_kafka import Consumer
+
+            # Never subscribes nor commits: the group id is only what the client requires.
+            self._watermark_client = Consumer(
+                self.s.kafka.confluent(**{"group.id": f"{self.s.full_app_id}-lookups", "enable.auto.commit": False})
+            )
+        client = self._watermark_client
+        deadline = time.monotonic() + self.s.lookup_bound_s
+        events, decisions = self.events.get_topic_name(), self.decisions.get_topic_name()
+
+        def ask() -> tuple[int, int]:
+            return (high_watermark(client, TopicPartition(events, p), deadline),
+                    high_watermark(client, TopicPartition(decisions, p), deadline))  # fmt: skip
+
+        return await asyncio.to_thread(ask)
 
     def _rebuild_index(self, assigned: frozenset[int]) -> None:
         n = self.s.kafka.partitions

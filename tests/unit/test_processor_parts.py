@@ -207,6 +207,50 @@ def test_lookup_of_an_unknown_key_names_it() -> None:
     assert status == 404 and body == {"effect_id": KEY, "known": False, "partition": p, "high_watermark": 10}
 
 
+def test_a_high_watermark_the_broker_does_not_tell_in_time_is_a_503_within_the_bound() -> None:
+    """The owner's question to the broker counts in the lookup's bound: a silent broker is an
+    answer (503, lagging, owned) in about ``bound_s``, not a request the forwarding worker gives up
+    on and reports as a partition nobody owns."""
+    p = partition_for(KEY.encode(), 3)
+    r = route({p: (9, -1)}, None)
+    r.bound_s = 0.2
+
+    async def silent(_p: int) -> tuple[int, int]:
+        await asyncio.sleep(60)
+        return 10, 0
+
+    r.highwaters = silent
+
+    async def ask() -> tuple[float, Any]:
+        t = asyncio.get_running_loop().time()
+        answer = await r.get(KEY)
+        return asyncio.get_running_loop().time() - t, answer
+
+    took, (status, body) = asyncio.run(ask())
+    assert status == 503 and body["lagging"] and body["owned"] and "did not tell" in body["reason"], body
+    assert took < 5, took
+
+
+def test_a_forward_to_a_worker_that_does_not_answer_says_so() -> None:
+    """A peer that times out may be the owner: the answer names it, rather than "no worker owns"."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)  # accepts connections and never answers
+    try:
+        port = listener.getsockname()[1]
+        p = partition_for(KEY.encode(), 3)
+        r = route({p: (9, -1)}, None, owned=False)
+        r.bound_s = 0.2
+        r.peers = lambda: {f"http://127.0.0.1:{port}", "http://me"}
+        status, body = asyncio.run(r.get(KEY))
+    finally:
+        listener.close()
+    assert status == 503 and body["lagging"], body
+    assert "did not answer" in body["reason"] and f"127.0.0.1:{port}" in body["reason"], body
+
+
 def test_lookup_refusals_token_starting_and_not_owner() -> None:
     p = partition_for(KEY.encode(), 3)
     assert asyncio.run(route({p: (9, -1)}, None, token="s").get(KEY))[0] == 401

@@ -1,0 +1,95 @@
+"""Fault-test helpers: a steady flow of effects written to effects.events from a thread, each key's
+events spread over time (so they cross batches, rebalances and restarts), and the check that the
+workers' published state of every key equals a single in-order fold of its events."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from typing import Any
+
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import fold, to_state
+from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
+from tests.topic_io import RawProducer, TopicReader
+
+
+def key_events(key: str, shape: str, t: int) -> list[Any]:
+    far = t + 3_600_000
+    intent = Intent(f"i-{uuid.uuid4().hex}", key, t, 1, "payments", "refund.create", "tests", "run-1", key,
+                    '{"amount": 1}', "d" * 64, far, "w")  # fmt: skip
+    if shape == "pending":
+        return [intent]
+    ex = Executed(f"x-{uuid.uuid4().hex}", key, t + 1, 1, Outcome.OK, None, t, t + 1, far, "w")
+    if shape == "executed":
+        return [intent, ex]
+    return [intent, ex, Receipt(f"rc-{uuid.uuid4().hex}", key, t + 2, 1, f"re_{key}", ReceiptSource.CALL, "{}")]
+
+
+class Flow:
+    """Writes ``keys`` effects over about ``seconds``: every key's intent first, its later events
+    a little after, interleaved with other keys'. ``events`` holds what was acknowledged."""
+
+    def __init__(self, cfg: KafkaConfig, prefix: str, keys: int, seconds: float, seed: int = 7) -> None:
+        self.cfg = cfg
+        rnd = random.Random(seed)
+        t = time.time_ns() // 1_000_000
+        shapes = ["confirmed", "confirmed", "executed", "pending"]
+        self.events: dict[str, list[Any]] = {
+            f"payments:{prefix}-{i}": key_events(f"payments:{prefix}-{i}", shapes[i % len(shapes)], t + i)
+            for i in range(keys)
+        }
+        # A schedule: (when, event); a key's events are 0.3-3 s apart.
+        sched: list[tuple[float, Any]] = []
+        for i, evs in enumerate(self.events.values()):
+            at = seconds * i / keys
+            for ev in evs:
+                sched.append((at, ev))
+                at += rnd.uniform(0.3, 3.0)
+        sched.sort(key=lambda x: x[0])
+        self.schedule = sched
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Flow:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            p = RawProducer(self.cfg)
+            t0 = time.monotonic()
+            for at, ev in self.schedule:
+                wait = t0 + at - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                p.event(ev)
+            p.flush(60)
+        except BaseException as e:  # noqa: BLE001
+            self.error = e
+        finally:
+            self.done.set()
+
+    def join(self, timeout: float = 120) -> None:
+        assert self.done.wait(timeout), "the flow did not finish"
+        assert self.error is None, self.error
+
+    def expected(self) -> dict[str, Any]:
+        return {k: to_state(fold(v)) for k, v in self.events.items()}
+
+
+def mismatches(states: TopicReader, expected: dict[str, Any]) -> dict[str, Any]:
+    states.poll()
+    latest = states.latest()
+    return {k: (latest.get(k), s) for k, s in expected.items() if latest.get(k) != s}
+
+
+def describe(bad: dict[str, Any], n: int = 5) -> str:
+    out = []
+    for k, (got, want) in list(bad.items())[:n]:
+        g = None if got is None else (got.state.value, got.version)
+        out.append(f"{k}: published {g}, single fold {(want.state.value, want.version)}")
+    return f"{len(bad)} key(s) differ: " + "; ".join(out)

@@ -1,0 +1,110 @@
+"""Every key's events delivered out of order (executed or receipt before the intent) and
+each one twice, split over two workers' lifetimes (the first one SIGKILLed, with or without its
+group's commits; the second with its data dir or an empty one). The state every key ends in must
+equal a single in-order fold (``streams.effect.fold``)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.effect import fold, to_state
+from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource, Resolution, Verdict
+from tests.faults._flow import describe, mismatches
+from tests.faults.test_large_values import committed_through_end
+from tests.faults.test_recovery_without_commits import forget_commits
+from tests.services import Processor, wait_for
+from tests.topic_io import RawProducer, TopicReader, running
+
+WAIT = 120.0
+
+
+def history(key: str, t: int, shape: int) -> list[object]:
+    far = t + 3_600_000
+
+    def intent(a: int) -> Intent:
+        return Intent(f"i{a}-{uuid.uuid4().hex}", key, t + 10 * a, a, "payments", "refund.create", "tests", "run-1",
+                      key, '{"amount": 1}', "d" * 64, far, "w")  # fmt: skip
+
+    if shape == 0:  # one attempt, confirmed
+        return [intent(1), Executed(f"x1-{uuid.uuid4().hex}", key, t + 11, 1, Outcome.OK, None, t, t + 11, far, "w"),
+                Receipt(f"r1-{uuid.uuid4().hex}", key, t + 12, 1, f"re_{key}", ReceiptSource.CALL, "{}")]  # fmt: skip
+    if shape == 1:  # unknown, absent, second attempt confirmed
+        return [
+            intent(1),
+            Executed(f"x1-{uuid.uuid4().hex}", key, t + 11, 1, Outcome.UNKNOWN, "timeout", t, t + 11, None, "w"),
+            Resolution(f"s1-{uuid.uuid4().hex}", key, t + 13, 1, Verdict.ABSENT, "rec", "never"),
+            intent(2),
+            Executed(f"x2-{uuid.uuid4().hex}", key, t + 21, 2, Outcome.OK, None, t + 20, t + 21, far, "w"),
+            Receipt(f"r2-{uuid.uuid4().hex}", key, t + 22, 2, f"re_{key}", ReceiptSource.CALL, "{}"),
+        ]
+    if shape == 2:  # executed, no receipt yet
+        return [intent(1), Executed(f"x1-{uuid.uuid4().hex}", key, t + 11, 1, Outcome.OK, None, t, t + 11, far, "w")]
+    return [intent(1)]  # pending
+
+
+def _forgot(cfg: KafkaConfig) -> bool:
+    try:
+        forget_commits(cfg)
+        return True
+    except Exception as e:  # NON_EMPTY_GROUP until the killed member's session expires
+        if "NON_EMPTY_GROUP" in str(e):
+            time.sleep(1)
+            return False
+        raise
+
+
+@pytest.mark.parametrize("commits", [True, False], ids=["with-commits", "without-commits"])
+@pytest.mark.parametrize("data", ["same-dir", "empty-dir"])
+def test_duplicated_reordered_events_across_a_restart_fold_like_one_in_order_fold(
+    kafka_config: KafkaConfig, tmp_path: Path, commits: bool, data: str
+) -> None:
+    rnd = random.Random(11)
+    t = time.time_ns() // 1_000_000  # deadlines an hour on: no timeout is due
+    evs = {f"payments:dup-{i}": history(f"payments:dup-{i}", t + i, i % 4) for i in range(80)}
+    expected = {k: to_state(fold(v)) for k, v in evs.items()}  # type: ignore[arg-type]
+    # Each key's events, shuffled, each twice; the first part goes to the first worker.
+    first_part: list[object] = []
+    second_part: list[object] = []
+    for v in evs.values():
+        order = list(v) + list(v)
+        rnd.shuffle(order)
+        cut = rnd.randint(1, len(order) - 1)
+        first_part += order[:cut]
+        second_part += order[cut:]
+    producer = RawProducer(kafka_config)
+    first = Processor(kafka_config, tmp_path / "data-1")
+    with running(first), TopicReader(kafka_config, kafka_config.topics.state) as states:
+        first.wait_ready()
+        for ev in first_part:
+            producer.event(ev)
+        producer.flush()
+        wait_for(lambda: committed_through_end(kafka_config), WAIT, "the group to commit")
+        first.kill()
+        if not commits:
+            # The killed member stays in the group until its session times out (10 s).
+            wait_for(lambda: _forgot(kafka_config), WAIT, "the group to be empty and deleted")
+        if data == "empty-dir":
+            shutil.rmtree(tmp_path / "data-1")
+        for ev in second_part:
+            producer.event(ev)
+        producer.flush()
+        second = Processor(kafka_config, tmp_path / "data-1")
+        with running(second):
+            second.wait_ready()
+            try:
+                wait_for(lambda: not mismatches(states, expected), WAIT, "every key's state to equal a single fold")
+            except TimeoutError as e:
+                raise AssertionError(f"{e}: {describe(mismatches(states, expected))}") from None
+            wrong = {}
+            for k, want in expected.items():
+                status, body = second.lookup(k)
+                if status != 200 or body.get("state") != want.state.value or body.get("version") != want.version:
+                    wrong[k] = (status, body.get("state"), body.get("version"), want.state.value, want.version)
+            assert not wrong, f"{len(wrong)} lookups differ, e.g. {list(wrong.items())[:5]}"
