@@ -11,6 +11,8 @@ lookup=...)``, executing fresh keys one after another with a call that does noth
   ``EFFECTS_BENCH_CLAIMS_LOAD``).
 * lookup at idle: ``ProcessorLookup.events(key)`` of a known key (the agent reads the partition's
   high watermarks, the processor answers once folded through them).
+* lookup without offsets at idle: a plain ``GET /effects/{key}`` (``effects lookup``, any HTTP
+  client): the worker asks the broker for the high watermarks itself.
 
 Raw limit, interleaved with the samples in the same run: a bare produce + consume round trip (a
 confluent-kafka Producer with acks=all sends one record, a Consumer assigned to its partition
@@ -185,10 +187,19 @@ def run(ctx: Context) -> BenchResult:
                 assert events
                 return (time.perf_counter() - t) * 1000
 
+            async def plain_lookup(i: int) -> float:
+                # What `effects lookup` and any HTTP client without offsets does: the worker asks the
+                # broker for the partition's high watermarks and answers once folded through them.
+                t = time.perf_counter()
+                status, body = await asyncio.to_thread(proc.lookup, keys[i % len(keys)])
+                assert status == 200 and body["known"], (status, body)
+                return (time.perf_counter() - t) * 1000
+
             for _ in range(5):  # warm: the first answers open connections
                 await claim(-1)
             await phase(ledger, "claim round trip, idle", claim)
             await phase(ledger, "lookup, idle", lookup)
+            await phase(ledger, "lookup without offsets (HTTP), idle", plain_lookup)
             bg = Background(cfg, BACKGROUND_EFFECTS_PER_S)
             bg.start()
             try:
