@@ -112,16 +112,13 @@ def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:
     committed offset back at its first record (module docstring). Idempotent; call before the
     first assignment's recovery ends (the processor calls it from ``on_rebalance_complete``)."""
     consumer: Any = app.consumer
-    if getattr(consumer, "_effect_ledger_seek_uncommitted", None) is not None:
-        consumer._effect_ledger_seek_uncommitted = topics
+    if getattr(consumer, "_effect_ledger_seek_uncommitted", False):
         return
-    consumer._effect_ledger_seek_uncommitted = topics
     original = consumer.seek_to_committed
 
     async def seek_to_committed() -> Any:
         committed = await original()
-        sources = consumer._effect_ledger_seek_uncommitted
-        fresh = [tp for tp, offset in committed.items() if tp.topic in sources and not offset]
+        fresh = [tp for tp, offset in committed.items() if tp.topic in topics and not offset]
         if fresh:
             earliest = await consumer.earliest_offsets(*fresh)
             assigned = consumer.assignment()  # a rebalance may have taken some away meanwhile
@@ -132,6 +129,7 @@ def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:
         return committed
 
     consumer.seek_to_committed = seek_to_committed
+    consumer._effect_ledger_seek_uncommitted = True
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

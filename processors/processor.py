@@ -72,6 +72,7 @@ from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
 from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, throughput_settings
 from effect_ledger.processors.lookup_route import LookupRoute
 from effect_ledger.streams import codec as codec_mod
+from effect_ledger.streams.claims import Watermarks
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
 from effect_ledger.streams.effect import Effect, expire, to_state, uncertain_event
@@ -205,7 +206,11 @@ class LedgerProcessor:
         self._cache: OrderedDict[str, tuple[bytes, Effect]] = OrderedDict()
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
         self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
-        self._watermark_client: Any = None  # the lookups' confluent-kafka client (_lookup_highwaters)
+        # The lookups ask the broker for high watermarks through a client of their own: faust's
+        # consumer runs its requests one after another in its thread, where a lookup's question
+        # waited behind fetches and commits (seconds, on a worker catching up after a restart: the
+        # forwarding worker gave up and said nobody owned the partition).
+        self._watermarks = Watermarks(k, timeout_s=settings.lookup_bound_s)
         self.route = LookupRoute(
             partitions=k.partitions,
             bound_s=settings.lookup_bound_s,
@@ -213,7 +218,7 @@ class LedgerProcessor:
             own_url=str(self.app.conf.canonical_url),
             ready=lambda: self.ready,
             assigned=self._assigned,
-            highwaters=self._lookup_highwaters,
+            highwaters=self._watermarks.highs,
             folded=lambda p: (self.folded_through(p), self.folded_through(p, self.decisions.get_topic_name())),
             load=self._load,
             encode_event=lambda ev: self.codec.encode(ev, validate=False),
@@ -577,33 +582,6 @@ class LedgerProcessor:
         if missing:
             out.update({tp: int(v or 0) for tp, v in (await self.app.consumer.highwaters(*missing)).items()})
         return out
-
-    async def _lookup_highwaters(self, p: int) -> tuple[int, int]:
-        """The high watermarks of ``p`` (effects.events, effects.decisions), asked of the broker by
-        a client of the lookups' own: faust's consumer runs its requests one after another in its
-        thread, where a lookup's question waited behind fetches and commits (seconds, on a worker
-        catching up after a restart: the forwarding worker gave up and said nobody owned the
-        partition)."""
-        from confluent_kafka import TopicPartition
-
-        from effect_ledger.streams.watermarks import high_watermark
-
-        if self._watermark_client is None:
-            from confluent_kafka import Consumer
-
-            # Never subscribes nor commits: the group id is only what the client requires.
-            self._watermark_client = Consumer(
-                self.s.kafka.confluent(**{"group.id": f"{self.s.full_app_id}-lookups", "enable.auto.commit": False})
-            )
-        client = self._watermark_client
-        deadline = time.monotonic() + self.s.lookup_bound_s
-        events, decisions = self.events.get_topic_name(), self.decisions.get_topic_name()
-
-        def ask() -> tuple[int, int]:
-            return (high_watermark(client, TopicPartition(events, p), deadline),
-                    high_watermark(client, TopicPartition(decisions, p), deadline))  # fmt: skip
-
-        return await asyncio.to_thread(ask)
 
     def _rebuild_index(self, assigned: frozenset[int]) -> None:
         n = self.s.kafka.partitions

@@ -41,36 +41,49 @@ _WATERMARK_TIMEOUT_S = 5.0
 
 class Watermarks:
     """The high watermarks of a key's partition of effects.events and effects.decisions, asked of the
-    broker by a consumer of its own (created on first use; never subscribed, so never long-polling)."""
+    broker by a consumer of its own (created on first use; never subscribed, so never long-polling).
+    The agent asks by key (``of``); the processor's lookups by partition (``highs``)."""
 
-    def __init__(self, cfg: KafkaConfig) -> None:
+    def __init__(self, cfg: KafkaConfig, timeout_s: float = _WATERMARK_TIMEOUT_S) -> None:
         self.cfg = cfg
+        self.timeout_s = timeout_s
         self._consumer: Any = None
         self._partitions: int | None = None  # of effects.events, as the broker says (not the config)
         self._lock = threading.Lock()
 
-    def _ask(self, key: str) -> FoldedThrough:
-        from confluent_kafka import Consumer, TopicPartition
+    def _client(self) -> Any:
+        """The consumer (made on first call). Call with ``_lock`` held."""
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(
+                self.cfg.confluent(**{"group.id": "effect-ledger-watermarks", "enable.auto.commit": False})
+            )
+        return self._consumer
+
+    def _highs(self, c: Any, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
 
         topics = self.cfg.topics
+        events, decisions = (
+            int(c.get_watermark_offsets(TopicPartition(topic, partition), self.timeout_s, False)[1])
+            for topic in (topics.events, topics.decisions)
+        )
+        return events, decisions
+
+    def _ask(self, key: str) -> FoldedThrough:
+        topics = self.cfg.topics
         with self._lock:
-            if self._consumer is None:
-                self._consumer = Consumer(
-                    self.cfg.confluent(**{"group.id": "effect-ledger-watermarks", "enable.auto.commit": False})
-                )
-            c = self._consumer
+            c = self._client()
             if self._partitions is None:
                 # The relay's producer partitions by the topic's real partition count: so must this.
-                meta = c.list_topics(topics.events, timeout=_WATERMARK_TIMEOUT_S).topics.get(topics.events)
+                meta = c.list_topics(topics.events, timeout=self.timeout_s).topics.get(topics.events)
                 if meta is None or meta.error is not None or not meta.partitions:
                     raise RuntimeError(f"topic {topics.events} is unknown to the broker")
                 self._partitions = len(meta.partitions)
             partition = partition_for(key.encode(), self._partitions)
-        marks = []
-        for topic in (topics.events, topics.decisions):
-            _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), _WATERMARK_TIMEOUT_S, False)
-            marks.append(int(high) - 1)
-        return FoldedThrough(partition, marks[0], marks[1])
+        events, decisions = self._highs(c, partition)
+        return FoldedThrough(partition, events - 1, decisions - 1)
 
     async def of(self, key: str) -> FoldedThrough:
         """What Kafka holds of ``key``'s partition now (the offsets of the newest records); raises
@@ -79,6 +92,17 @@ class Watermarks:
             return await asyncio.to_thread(self._ask, key)
         except Exception as e:  # a KafkaException: the broker is away, or the topic unknown
             raise LedgerUnavailable(f"cannot read the high watermarks of {key}'s partition: {e}") from e
+
+    async def highs(self, partition: int) -> tuple[int, int]:
+        """The high watermarks (next offsets) of ``partition`` of effects.events and effects.decisions;
+        the client's ``KafkaException`` when the broker does not answer within ``timeout_s``."""
+
+        def ask() -> tuple[int, int]:
+            with self._lock:
+                c = self._client()
+            return self._highs(c, partition)
+
+        return await asyncio.to_thread(ask)
 
     def close(self) -> None:
         with self._lock:

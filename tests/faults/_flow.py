@@ -1,6 +1,7 @@
-"""Fault-test helpers: a steady flow of effects written to effects.events from a thread, each key's
-events spread over time (so they cross batches, rebalances and restarts), and the check that the
-workers' published state of every key equals a single in-order fold of its events."""
+"""Helpers of the processor's fault tests: events of a key, a steady flow of effects written to
+effects.events from a thread (each key's events spread over time, so they cross batches,
+rebalances and restarts), the check that the workers' published state of every key equals a single
+in-order fold of its events, and the processors' consumer group (its commits, deleting it)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,63 @@ import time
 import uuid
 from typing import Any
 
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import fold, to_state
 from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
+from tests.services import Processor
 from tests.topic_io import RawProducer, TopicReader
 
 
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def intent(key: str, at_ms: int, deadline_ms: int, attempt: int = 1) -> Intent:
+    """An intent of ``key``'s attempt ``attempt`` (a refund of 1), written at ``at_ms``."""
+    return Intent(f"i{attempt}-{uuid.uuid4().hex}", key, at_ms, attempt, "payments", "refund.create", "tests",
+                  "run-1", key, '{"amount": 1}', "d" * 64, deadline_ms, "w")  # fmt: skip
+
+
 def key_events(key: str, shape: str, t: int) -> list[Any]:
+    """``key``'s events from ``t`` on, its deadline an hour later: "pending" (the intent),
+    "executed" (and its call's success), "confirmed" (and the receipt)."""
     far = t + 3_600_000
-    intent = Intent(f"i-{uuid.uuid4().hex}", key, t, 1, "payments", "refund.create", "tests", "run-1", key,
-                    '{"amount": 1}', "d" * 64, far, "w")  # fmt: skip
+    first = intent(key, t, far)
     if shape == "pending":
-        return [intent]
+        return [first]
     ex = Executed(f"x-{uuid.uuid4().hex}", key, t + 1, 1, Outcome.OK, None, t, t + 1, far, "w")
     if shape == "executed":
-        return [intent, ex]
-    return [intent, ex, Receipt(f"rc-{uuid.uuid4().hex}", key, t + 2, 1, f"re_{key}", ReceiptSource.CALL, "{}")]
+        return [first, ex]
+    return [first, ex, Receipt(f"rc-{uuid.uuid4().hex}", key, t + 2, 1, f"re_{key}", ReceiptSource.CALL, "{}")]
+
+
+def answered(p: Processor, key: str, state: str) -> bool:
+    """Whether the worker's lookup of ``key`` answers ``state`` (the worker must be running)."""
+    assert p.alive, p.log()[-3000:]
+    status, body = p.lookup(key)
+    return status == 200 and body.get("state") == state
+
+
+def committed_through_end(cfg: KafkaConfig) -> bool:
+    """Whether the processors' group has committed every partition of effects.events up to its end."""
+    c = Consumer(cfg.confluent(**{"group.id": f"{cfg.prefix}effect-ledger", "enable.auto.commit": False}))
+    try:
+        tps = [TopicPartition(cfg.topics.events, p) for p in range(cfg.partitions)]
+        ends = [c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+        return all(tp.offset >= end for tp, end in zip(c.committed(tps, timeout=10), ends, strict=True))
+    finally:
+        c.close()
+
+
+def forget_commits(cfg: KafkaConfig) -> None:
+    """Delete the processors' consumer group (its members are gone): no partition has a commit."""
+    group = f"{cfg.prefix}effect-ledger"
+    admin = AdminClient(cfg.confluent())
+    futures = admin.delete_consumer_groups([group], request_timeout=30)
+    futures[group].result(timeout=30)
 
 
 class Flow:

@@ -6,15 +6,14 @@ Also through a rebalance: the worker owning the keys is killed and the survivor 
 from __future__ import annotations
 
 import shutil
-import time
-import uuid
 from pathlib import Path
 
 import pytest
 
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.model import Intent, Timeout, UncertainEffect
-from tests.faults.test_large_values import committed_through_end
+from tests.faults._flow import answered, committed_through_end, now_ms
+from tests.faults._flow import intent as intent_at
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
@@ -22,19 +21,7 @@ WAIT = 90.0
 
 
 def intent(key: str, deadline_ms: int) -> Intent:
-    t = time.time_ns() // 1_000_000
-    return Intent(f"i-{uuid.uuid4().hex}", key, t, 1, "payments", "refund.create", "tests", "run-1", key,
-                  '{"amount": 1}', "d" * 64, deadline_ms, "w")  # fmt: skip
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def answered(p: Processor, key: str, state: str) -> bool:
-    assert p.alive, p.log()[-3000:]
-    status, body = p.lookup(key)
-    return status == 200 and body.get("state") == state
+    return intent_at(key, now_ms(), deadline_ms)
 
 
 def reported(cfg: KafkaConfig, uncertain: TopicReader, events: TopicReader, keys: list[str]) -> bool:

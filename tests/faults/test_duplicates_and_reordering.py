@@ -16,9 +16,8 @@ import pytest
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import fold, to_state
 from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource, Resolution, Verdict
-from tests.faults._flow import describe, mismatches
-from tests.faults.test_large_values import committed_through_end
-from tests.faults.test_recovery_without_commits import forget_commits
+from tests.faults._flow import committed_through_end, describe, forget_commits, mismatches
+from tests.faults._flow import intent as intent_at
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
@@ -29,8 +28,7 @@ def history(key: str, t: int, shape: int) -> list[object]:
     far = t + 3_600_000
 
     def intent(a: int) -> Intent:
-        return Intent(f"i{a}-{uuid.uuid4().hex}", key, t + 10 * a, a, "payments", "refund.create", "tests", "run-1",
-                      key, '{"amount": 1}', "d" * 64, far, "w")  # fmt: skip
+        return intent_at(key, t + 10 * a, far, a)
 
     if shape == 0:  # one attempt, confirmed
         return [intent(1), Executed(f"x1-{uuid.uuid4().hex}", key, t + 11, 1, Outcome.OK, None, t, t + 11, far, "w"),

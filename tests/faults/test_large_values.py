@@ -13,8 +13,6 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
-
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import fold, to_state
@@ -29,6 +27,7 @@ from effect_ledger.streams.model import (
     State,
     Verdict,
 )
+from tests.faults._flow import committed_through_end
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
@@ -58,17 +57,6 @@ def events_of(key: str) -> list[object]:
             f"res-2-{uuid.uuid4().hex}", key, t + 7, 2, Verdict.FOUND, "rec", "", "re_big", big(MAX_RECEIPT_BYTES, "c")
         ),  # fmt: skip
     ]
-
-
-def committed_through_end(cfg: KafkaConfig) -> bool:
-    """Whether the processors' group has committed every partition of effects.events up to its end."""
-    c = Consumer(cfg.confluent(**{"group.id": f"{cfg.prefix}effect-ledger", "enable.auto.commit": False}))
-    try:
-        tps = [TopicPartition(cfg.topics.events, p) for p in range(cfg.partitions)]
-        ends = [c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
-        return all(tp.offset >= end for tp, end in zip(c.committed(tps, timeout=10), ends, strict=True))
-    finally:
-        c.close()
 
 
 def test_a_key_larger_than_a_record_folds_and_recovers_from_the_changelog(
