@@ -34,6 +34,8 @@ from typing import Any
 
 from effect_ledger.streams.errors import LedgerError
 
+#: The ``client.id`` of the worker's fold writer (its producer), as the broker's logs and quotas see it.
+CLIENT_ID = "effect-ledger-fold"
 _FLUSH_SLICE_S = 1.0  # one wait for deliveries in the flushing thread; repeated until all are in
 
 

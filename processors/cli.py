@@ -308,6 +308,16 @@ def run(
     help="workers to run on this machine, one process each, sharing the partitions (DATA_DIR/worker-I, "
     "port + I); one per core, at most one per partition",
 )
+@click.option(
+    "--drain-timeout",
+    "drain_s",
+    type=click.FloatRange(0.1, 3600),
+    default=None,
+    metavar="SECONDS",
+    help="how long a worker whose partitions are revoked, or that is told to stop, waits for Kafka to "
+    "acknowledge the batch it is writing (its next owner reads the changelog once it lets go) "
+    "[default: half the group's rebalance timeout, 30]",
+)
 @metrics_options
 def worker(
     bootstrap: str | None,
@@ -324,6 +334,7 @@ def worker(
     loglevel: str,
     targets_spec: str | None,
     processes: int,
+    drain_s: float | None,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
@@ -348,6 +359,8 @@ def worker(
         web_token=web_token or None,
         advertised_url=advertised_url,
     )
+    if drain_s is not None:
+        settings.drain_s = drain_s
     settings.check_web()  # before anything is contacted or started
     ready(cfg, 30)
     ensure_topics(cfg)

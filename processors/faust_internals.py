@@ -37,6 +37,13 @@ Why each is needed (faust 0.15.3 has no public way):
   first record: the group's policy for a partition without a commit ("earliest"), said every time
   faust goes back, not once. Reading a record twice is harmless (the fold ignores an event id it
   holds); skipping one is not.
+* ``leave_unacknowledged``: an event a worker does not fold (its partition was revoked while the
+  event waited in the take buffer) must not be acknowledged: ``take_events`` acknowledges every
+  event of a batch once the batch returns, and faust would record the offset as processed. After the
+  revocation faust has dropped its bookkeeping of the partition, so the record stays; if the
+  partition comes back to this worker, a commit could then pass events it never folded. faust
+  counts an offset when a message's last reference is acknowledged (``Message.ack`` ->
+  ``on_final_ack`` -> ``Consumer.ack``), and does nothing for a message already marked ``acked``.
 * ``table_partitions``: the table's store per partition (``Store._db_for_partition``), so a batch's
   values are written as one RocksDB write batch per partition (``batch_writer``) and read from it
   without faust's layers (``table_reader``: the fold reads every key it has not cached), and the
@@ -105,6 +112,12 @@ def committed_offset(app: faust.App, topic: str, partition: int) -> int | None:
         return None
     value = offsets.get(TP(topic, partition))
     return None if value is None else int(value)
+
+
+def leave_unacknowledged(event: Any) -> None:
+    """faust will not count ``event``'s offset as processed when its stream acknowledges it: the
+    next owner of its partition reads it again from the group's committed offset."""
+    event.message.acked = True
 
 
 def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:

@@ -13,6 +13,12 @@ BATCH_MAX = 2000
 BATCH_WITHIN_S = 0.005
 #: How long the group waits for a silent worker before its partitions go to the others.
 SESSION_TIMEOUT_S = 10.0
+#: How long the group waits for a member to rejoin during a rebalance (faust's default), and, by
+#: default, how long a worker whose partitions are revoked, or that is told to stop, waits at most
+#: for the batch it is writing (half of it: the consumer keeps heartbeating meanwhile, and the
+#: rebalance waits for the member).
+REBALANCE_TIMEOUT_S = 60.0
+DRAIN_S = REBALANCE_TIMEOUT_S / 2
 
 
 class QuietMonitor(Monitor):
@@ -64,5 +70,6 @@ def throughput_settings() -> dict[str, Any]:
         # group unfolded for 60-105 s in the soak (make soak). Heartbeats come from the consumer's
         # own thread, so a busy fold does not miss them.
         "broker_session_timeout": SESSION_TIMEOUT_S,
+        "broker_rebalance_timeout": REBALANCE_TIMEOUT_S,
         "broker_heartbeat_interval": SESSION_TIMEOUT_S / 5,
     }

@@ -22,6 +22,11 @@ record and state, in case the crash came before they were delivered):
 4. count the batch's offsets as processed (lookups wait on them); faust acknowledges the batch's
    events once this returns.
 
+Letting partitions go (``handover``): a worker whose partitions are revoked, or that is told to
+stop, waits for the batch it is folding and writing (at most ``drain_s``) before faust rejoins or
+leaves the group, and folds nothing of theirs afterwards; a batch that is not written to the end is
+never acknowledged, so its events are folded again by their next owner.
+
 Claims: folding the first intent of an attempt (in the partition's order), the fold records a
 ``Claimed`` verdict naming it, in the same table write (``batch.fold_key``, ``effect.claim_verdict``);
 any later intent of that attempt is a lost claim. The verdict is never sent to a topic (nor accepted
@@ -56,7 +61,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -65,11 +70,12 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
-from effect_ledger.processors import faust_internals, retirement, table_value
+from effect_ledger.processors import batch_writer, faust_internals, retirement, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.batch_writer import BatchWriter
 from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
-from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, throughput_settings
+from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, DRAIN_S, throughput_settings
+from effect_ledger.processors.handover import Handover
 from effect_ledger.processors.lookup_route import LookupRoute
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.claims import Watermarks
@@ -112,6 +118,9 @@ class ProcessorSettings:
     first_check_ms: int = 60_000  # re-publish an uncertain effect nobody has answered for this long
     batch_max: int = BATCH_MAX  # most events folded in one batch
     batch_within_s: float = BATCH_WITHIN_S  # how long a batch waits to fill
+    # How long a worker whose partitions are revoked, or that is told to stop, waits at most for the
+    # batch it is writing (its records must be in Kafka before the next owner reads the changelog).
+    drain_s: float = DRAIN_S
     clock: Callable[[], int] = _wall_ms  # milliseconds since the epoch: deadlines, metrics
 
     @property
@@ -138,7 +147,7 @@ class LedgerProcessor:
         self.codec = kafka_codec(settings.kafka, writes=True)  # publishes its schemas, learns newer ones
         k = settings.kafka
         topics = k.topics
-        self.app = faust.App(
+        self.app = _App(
             settings.full_app_id,
             broker=[f"kafka://{b.strip()}" for b in k.bootstrap.split(",")],
             broker_credentials=faust_credentials(k),
@@ -227,6 +236,8 @@ class LedgerProcessor:
             sleep=self._until_next_batch,
         )
         self._batch_done = asyncio.Event()  # set (and replaced) after every batch: lookups wait on it
+        self.handover = Handover(self.s.drain_s, faust_internals.leave_unacknowledged, self._forget_partitions)
+        self.app.before_stop = self.handover.stop
         self._register()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -238,7 +249,16 @@ class LedgerProcessor:
         async def fold(stream: Any) -> None:
             faust_internals.quick_handoff(app)
             async for batch in stream.take_events(self.s.batch_max, within=self.s.batch_within_s):
-                await self.handle_batch(batch)
+                try:
+                    await self.handle_batch(batch)
+                except Exception as e:
+                    # A batch that could not be folded and written (Kafka refused a record for
+                    # good) cannot be stepped over: faust would restart the fold past it, and
+                    # commit past its events once later ones are acknowledged. The worker stops;
+                    # its next start reads again from the group's committed offset.
+                    log.error("stopping the worker: %s: %s", type(e).__name__, e)
+                    await app.crash(e)
+                    return
 
         @app.timer(interval=self.s.timer_interval_s, name="deadlines")
         async def deadlines() -> None:
@@ -265,9 +285,11 @@ class LedgerProcessor:
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
-            self.index.forget()
-            # Another worker may write these keys now: what this one cached is no longer the table.
-            self._cache.clear()
+            await self.handover.revoke(frozenset(revoked))
+
+        @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust passes the assigned set too
+        async def assigned(_app: Any, assigned: Any, **kwargs: Any) -> None:
+            self.handover.assign(frozenset(assigned))
 
         processor = self
 
@@ -311,10 +333,20 @@ class LedgerProcessor:
             tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name()
         )
 
+    def _forget_partitions(self) -> None:
+        """Partitions were revoked: what this worker holds about them is no longer the table."""
+        self.index.forget()
+        self._cache.clear()  # another worker may write these keys now
+
     # -- the fold --------------------------------------------------------------------------
 
     async def handle_batch(self, batch: list[Any]) -> None:
-        """Fold one batch from faust (see the module docstring for the order of writes)."""
+        """Fold one batch from faust (see the module docstring for the order of writes), the
+        events the worker may still fold (``handover``)."""
+        async with self.handover.batch(batch) as events:
+            await self._fold_batch(events)
+
+    async def _fold_batch(self, batch: list[Any]) -> None:
         decisions_topic = self.decisions.get_topic_name()
         items: list[tuple[str, Any, Event]] = []
         done: dict[tuple[bool, int], int] = {}
@@ -450,7 +482,7 @@ class LedgerProcessor:
 
             db_for, write_batch = faust_internals.table_partitions(self.table)
             self._out = BatchWriter(
-                Producer(producer_config(self.s.kafka)),
+                Producer(producer_config(self.s.kafka, **{"client.id": batch_writer.CLIENT_ID})),
                 self.table.changelog_topic.get_topic_name(),
                 db_for,
                 write_batch,
@@ -607,6 +639,18 @@ class LedgerProcessor:
         done = (self.processed if topic == events else self.processed_decisions).get(partition, -1)
         committed = faust_internals.committed_offset(self.app, topic, partition)
         return max(done, committed - 1) if committed is not None else done
+
+
+class _App(faust.App):
+    """faust's app, with the processor's last word before faust stops its consumer and tables
+    (``on_stop``: mode's hook for a service's own stopping, which faust's docs say to extend)."""
+
+    before_stop: Callable[[], Awaitable[None]] | None = None
+
+    async def on_stop(self) -> None:
+        if self.before_stop is not None:
+            await self.before_stop()
+        await super().on_stop()
 
 
 class RawSchema(faust.Schema):

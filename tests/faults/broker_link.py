@@ -4,7 +4,9 @@ The child runs in a network namespace of its own (``unshare -n``), where 127.0.0
 the broker's advertised address is a forwarder into a Unix socket (Unix sockets are files: they cross
 network namespaces), and the test process forwards that socket to the real broker. Every byte the
 child exchanges with Kafka is real. ``cut()`` closes every connection and refuses new ones: to the
-child, the broker is gone; the shared broker and everyone else see nothing.
+child, the broker is gone; the shared broker and everyone else see nothing. ``hold(client_id)``
+stalls only the requests of the child's Kafka client of that ``client.id`` (read from the first
+request header of each connection) until ``release()``: to that one client, the broker is very slow.
 
 Needs ``unshare -n`` (root) or ``unshare -rn`` (unprivileged user namespaces); ``available()`` says.
 
@@ -26,11 +28,19 @@ import threading
 from collections.abc import Callable
 
 
-def _pump(src: socket.socket, dst: socket.socket, gate: Callable[[int], None] | None = None) -> None:
+def client_id(first: bytes) -> str | None:
+    """The client.id in a Kafka request header (size, api key, api version, correlation id, id)."""
+    if len(first) < 14:
+        return None
+    (n,) = struct.unpack(">h", first[12:14])
+    return first[14 : 14 + n].decode(errors="replace") if n >= 0 and len(first) >= 14 + n else None
+
+
+def _pump(src: socket.socket, dst: socket.socket, gate: Callable[[bytes], None] | None = None) -> None:
     try:
         while data := src.recv(65536):
             if gate is not None:
-                gate(len(data))  # may block: a stalled link
+                gate(data)  # may block: a stalled link
             dst.sendall(data)
     except OSError:
         pass
@@ -59,15 +69,43 @@ class Forwarder:
         self.received = 0
         self.stalled = threading.Event()
         self._released = threading.Event()
+        self._held: str | None = None  # the client.id whose requests wait (``hold``)
+        self._unheld = threading.Event()
+        self._unheld.set()
+        self.holding = threading.Event()  # set once a held client's request is waiting
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def _gate(self, n: int) -> None:
+    def _gate(self, data: bytes) -> None:
         with self._lock:
-            self.received += n
+            self.received += len(data)
             stall = self._stall_after is not None and self.received >= self._stall_after
         if stall:
             self.stalled.set()
             self._released.wait()
+
+    def _requests_gate(self) -> Callable[[bytes], None]:
+        """The gate of one connection's requests: it learns the client from the first one."""
+        ident: list[str | None] = []
+
+        def gate(data: bytes) -> None:
+            if not ident:
+                ident.append(client_id(data))
+            while ident[0] is not None and ident[0] == self._held and not self._unheld.is_set():
+                self.holding.set()
+                self._unheld.wait(0.1)
+
+        return gate
+
+    def hold(self, client: str) -> None:
+        """From now on, requests of the Kafka client ``client`` (its client.id) wait, on their
+        open connections and on new ones, until ``release()``; nobody else's do."""
+        self.holding.clear()
+        self._held = client
+        self._unheld.clear()
+
+    def release(self) -> None:
+        """Let the held requests through, in the order they came."""
+        self._unheld.set()
 
     def _accept(self) -> None:
         while True:
@@ -86,11 +124,12 @@ class Forwarder:
                     upstream.close()
                     return
                 self._open += [client, upstream]
-            threading.Thread(target=_pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=_pump, args=(client, upstream, self._requests_gate()), daemon=True).start()
             threading.Thread(target=_pump, args=(upstream, client, self._gate), daemon=True).start()
 
     def cut(self) -> None:
         self._released.set()
+        self._unheld.set()
         with self._lock:
             self._cut = True
             self._listener.close()
@@ -118,7 +157,12 @@ def link_to(broker: tuple[str, int], unix_path: str, stall_after: int | None = N
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(unix_path)
     listener.listen(64)
-    return Forwarder(listener, lambda: socket.create_connection(broker, timeout=10), stall_after)
+    def connect() -> socket.socket:
+        s = socket.create_connection(broker, timeout=10)
+        s.settimeout(None)  # a connect timeout only: a held or quiet link must not time out reading
+        return s
+
+    return Forwarder(listener, connect, stall_after)
 
 
 def _loopback_up() -> None:

@@ -317,3 +317,37 @@ def test_seek_uncommitted_to_start_rewinds_source_partitions_without_a_commit(tm
         assert await consumer.seek_to_committed() == committed
 
     asyncio.run(check())
+
+
+def test_leave_unacknowledged_keeps_the_offset_out_of_the_consumers_count(tmp_path: Path) -> None:
+    """faust counts an offset as processed when the stream acknowledges the message's last
+    reference (``Message.ack`` -> ``ConsumerMessage.on_final_ack`` -> ``Consumer.ack``): a message
+    left unacknowledged is not counted, and its neighbour still is."""
+    import inspect
+
+    from faust.streams import Stream
+    from faust.types.tuples import ConsumerMessage
+
+    # Why the processor needs it: take_events acknowledges every event of a batch once it returns.
+    take = inspect.getsource(Stream.take_events)
+    assert take.index("yield list(events)") < take.index("for event in events:") < take.index("await self.ack(event)")
+
+    async def check() -> None:
+        app = _app(tmp_path)
+        app.topics._acking_topics.add("events")  # faust counts acks of its subscribed topics only
+        consumer: Any = app.consumer
+        tp = TP("events", 0)
+
+        def message(offset: int) -> Any:
+            m = ConsumerMessage("events", 0, offset, 0.0, 0, [], b"k", b"v", None)
+            m.incref()
+            return m
+
+        kept, left = message(7), message(8)
+        faust_internals.leave_unacknowledged(SimpleNamespace(message=left))
+        assert kept.ack(consumer) is True
+        assert left.ack(consumer) is False
+        assert list(consumer._acked[tp]) == [7]
+        assert 8 not in consumer._acked_index[tp]
+
+    asyncio.run(check())

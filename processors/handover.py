@@ -1,0 +1,131 @@
+"""Letting partitions go: the worker's batch in flight against faust's rebalances and its stop.
+
+The next owner of a partition reads its changelog as soon as this worker rejoins the group (after a
+revocation) or leaves it (when it stops). A batch still being written then would land after the
+next owner's records, and the compacted changelog and effects.state would keep the older state; and
+faust acknowledges a batch in flight when it closes the stream on the way out, and commits what was
+acknowledged, so a stopping worker committed events whose fold never reached Kafka. So:
+
+* a revocation, or a stop, waits for the batch being folded and written (at most ``drain_s``; the
+  consumer keeps heartbeating meanwhile, and the group waits for a member's rejoin up to its
+  rebalance timeout);
+* past that wait, the batch never counts as processed, even if it ends later;
+* after a revocation, events of the revoked partitions (still in faust's take buffer) are not
+  folded; after a stop, no event is;
+* a batch that raised (cancelled, or Kafka refused a record) never counts as processed either.
+
+"Never counts as processed" is ``leave``: faust will not acknowledge the event
+(``faust_internals.leave_unacknowledged``), so the group's commit stays before it and the
+partition's next owner folds it. faust's signals drive ``revoke``, ``assign`` and ``stop``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class Handover:
+    """One worker's fold against its partitions' comings and goings (module docstring).
+
+    ``leave``: mark an event never to be acknowledged; ``forget``: drop what the worker holds about
+    partitions it no longer owns (its deadline index and cache), run once a revocation took effect;
+    ``clock``: monotonic seconds (the log says how long a wait took)."""
+
+    def __init__(
+        self,
+        drain_s: float,
+        leave: Callable[[Any], None],
+        forget: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.drain_s = drain_s
+        self._leave = leave
+        self._forget = forget
+        self._clock = clock
+        self._lock = asyncio.Lock()  # held while a batch is folded and written
+        self.revoked: frozenset[Any] = frozenset()  # revoked from this worker, not assigned to it again
+        self.stopping = False  # the worker stops: no batch is folded any more
+        self._in_flight: Sequence[Any] = ()
+
+    @contextlib.asynccontextmanager
+    async def batch(self, events: Sequence[Any]) -> AsyncIterator[list[Any]]:
+        """Fold the events the block is given (those the worker may still fold), with no
+        revocation or stop taking effect meanwhile; if the block raises, none of ``events`` counts
+        as processed."""
+        async with self._lock:
+            revoked = self.revoked
+            if self.stopping:
+                keep = self._left(events, lambda _tp: True)
+            elif revoked and any(e.message.tp in revoked for e in events):
+                keep = self._left(events, revoked.__contains__)
+            else:
+                keep = list(events)
+            self._in_flight = keep
+            try:
+                yield keep
+            except BaseException:
+                for event in keep:
+                    self._leave(event)
+                log.warning("a batch of %d event(s) not folded and written to the end: left unacknowledged", len(keep))
+                raise
+            finally:
+                self._in_flight = ()
+            if self.revoked is not revoked:  # revoked meanwhile: the wait for this batch had run out
+                self._forget()
+
+    def _left(self, events: Sequence[Any], gone: Callable[[Any], bool]) -> list[Any]:
+        keep = []
+        for event in events:
+            if gone(event.message.tp):
+                self._leave(event)
+            else:
+                keep.append(event)
+        if len(keep) < len(events):
+            log.info("%d event(s) left to the partitions' next owner", len(events) - len(keep))
+        return keep
+
+    async def revoke(self, tps: frozenset[Any]) -> None:
+        """faust revoked ``tps``: once the batch in flight is written, fold none of theirs."""
+        async with self._batch_done("partitions revoked"):
+            self.revoked |= tps
+            self._forget()
+
+    def assign(self, tps: frozenset[Any]) -> None:
+        """faust assigned ``tps`` (the whole new assignment)."""
+        self.revoked -= tps
+
+    async def stop(self) -> None:
+        """The worker stops: once the batch in flight is written, fold nothing more."""
+        async with self._batch_done("stopping"):
+            self.stopping = True
+
+    @contextlib.asynccontextmanager
+    async def _batch_done(self, why: str) -> AsyncIterator[None]:
+        started = self._clock()
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self.drain_s)
+            held = True
+        except TimeoutError:
+            held = False
+            for event in self._in_flight:
+                self._leave(event)
+            log.error(
+                "%s while a batch of %d event(s) was being written, not acknowledged by Kafka after %.0f s: "
+                "left unacknowledged; its records may reach the changelog after the next owner's",
+                why,
+                len(self._in_flight),
+                self.drain_s,
+            )
+        if held and (waited := self._clock() - started) >= 0.5:
+            log.info("%s: waited %.1f s for the batch being written", why, waited)
+        try:
+            yield
+        finally:
+            if held:
+                self._lock.release()

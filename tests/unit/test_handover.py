@@ -1,0 +1,166 @@
+"""The worker's batch in flight against revocations and its stop (processors/handover.py), row by
+row: what the fold is given, what is left unacknowledged, and when a revocation or stop takes effect."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from effect_ledger.processors.handover import Handover
+
+P0, P1 = ("events", 0), ("events", 1)
+
+
+def ev(tp: tuple[str, int], offset: int) -> Any:
+    return SimpleNamespace(message=SimpleNamespace(tp=tp, offset=offset))
+
+
+class World:
+    def __init__(self, drain_s: float = 5.0) -> None:
+        self.left: list[Any] = []
+        self.log: list[str] = []
+        self.h = Handover(drain_s, self.left.append, lambda: self.log.append("forget"))
+
+
+def run(body: Callable[[World], Awaitable[None]], drain_s: float = 5.0) -> World:
+    w = World(drain_s)
+    asyncio.run(asyncio.wait_for(body(w), 30))
+    return w
+
+
+def test_a_batch_is_folded_whole_when_nothing_was_revoked() -> None:
+    batch = [ev(P0, 1), ev(P1, 1)]
+
+    async def body(w: World) -> None:
+        async with w.h.batch(batch) as events:
+            assert events == batch
+
+    assert run(body).left == []
+
+
+def test_a_revocation_takes_effect_only_once_the_batch_in_flight_is_written() -> None:
+    async def body(w: World) -> None:
+        written = asyncio.Event()
+
+        async def fold() -> None:
+            async with w.h.batch([ev(P0, 1)]):
+                w.log.append("fold")
+                await written.wait()  # Kafka has not acknowledged yet
+                w.log.append("written")
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0)
+        revoking = asyncio.create_task(w.h.revoke(frozenset({P0})))
+        await asyncio.sleep(0.05)
+        assert not revoking.done() and w.log == ["fold"]  # the revocation waits
+        written.set()
+        await asyncio.gather(folding, revoking)
+        assert w.log == ["fold", "written", "forget"]
+
+    assert run(body).left == []
+
+
+def test_after_a_revocation_its_partitions_events_are_left_and_the_rest_folded() -> None:
+    a, b, c = ev(P0, 7), ev(P1, 3), ev(P0, 8)
+
+    async def body(w: World) -> None:
+        await w.h.revoke(frozenset({P0}))
+        async with w.h.batch([a, b, c]) as events:
+            assert events == [b]
+
+    assert run(body).left == [a, c]
+
+
+def test_a_partition_assigned_again_is_folded_again() -> None:
+    a, b = ev(P0, 7), ev(P1, 3)
+
+    async def body(w: World) -> None:
+        await w.h.revoke(frozenset({P0, P1}))
+        w.h.assign(frozenset({P0}))
+        async with w.h.batch([a, b]) as events:
+            assert events == [a]
+
+    assert run(body).left == [b]
+
+
+def test_a_stop_waits_for_the_batch_in_flight_then_nothing_is_folded() -> None:
+    first, later = [ev(P0, 1)], [ev(P0, 2), ev(P1, 2)]
+
+    async def body(w: World) -> None:
+        written = asyncio.Event()
+
+        async def fold() -> None:
+            async with w.h.batch(first) as events:
+                assert events == first
+                await written.wait()
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0)
+        stopping = asyncio.create_task(w.h.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done() and not w.h.stopping
+        written.set()
+        await asyncio.gather(folding, stopping)
+        async with w.h.batch(later) as events:
+            assert events == []
+
+    w = run(body)
+    assert w.left == later  # the first batch was written: acknowledged as usual
+
+
+@pytest.mark.parametrize("how", ["raises", "cancelled"])
+def test_a_batch_not_written_to_the_end_is_left_whole(how: str) -> None:
+    batch = [ev(P0, 1), ev(P1, 1)]
+
+    async def body(w: World) -> None:
+        async def fold() -> None:
+            async with w.h.batch(batch):
+                if how == "raises":
+                    raise RuntimeError("Kafka refused a record")
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(fold())
+        if how == "raises":
+            with pytest.raises(RuntimeError):
+                await task
+        else:
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        async with w.h.batch([ev(P0, 2)]) as events:  # the next batch is not held up
+            assert len(events) == 1
+
+    assert run(body).left == batch
+
+
+@pytest.mark.parametrize("signal", ["revoke", "stop"])
+def test_past_the_drain_the_batch_in_flight_never_counts_as_processed(signal: str) -> None:
+    batch = [ev(P0, 1), ev(P1, 1)]
+
+    async def body(w: World) -> None:
+        written = asyncio.Event()
+
+        async def fold() -> None:
+            async with w.h.batch(batch):
+                await written.wait()
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0)
+        if signal == "revoke":
+            await w.h.revoke(frozenset({P0}))  # returns after the drain, the batch still unwritten
+            assert w.log == ["forget"]
+        else:
+            await w.h.stop()
+            assert w.h.stopping
+        assert w.left == batch and not folding.done()
+        written.set()
+        await folding  # it ends later, and still counts for nothing
+        if signal == "revoke":
+            assert w.log == ["forget", "forget"]  # what the late batch cached is forgotten too
+
+    assert run(body, drain_s=0.1).left == batch
