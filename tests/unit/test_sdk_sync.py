@@ -600,10 +600,12 @@ def _raises(e: BaseException) -> Callable[[str], Any]:
 
 _INTERRUPTED_SCRIPT = textwrap.dedent(
     """
-    import sys, threading
+    import signal, sys, threading
     from pathlib import Path
     from effect_ledger import SyncLedger, Target
 
+    # Ctrl-C as in a terminal: a test run started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     db, ready = sys.argv[1], Path(sys.argv[2])
 
     def call(key):
