@@ -19,6 +19,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from effect_ledger.streams.codec import DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.relay import producer_config
 from tests.services import Service
 
@@ -164,6 +165,17 @@ class RawProducer:
     def flush(self, timeout: float = 30) -> None:
         left = self._p.flush(timeout)
         assert left == 0 and not self.errors, f"{left} records not delivered; errors {self.errors[:3]}"
+
+
+def one_key_per_partition(prefix: str, partitions: int) -> list[str]:
+    """A key for each partition, in partition order: ``prefix`` and a number."""
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < partitions:
+        k = f"{prefix}{i}"
+        keys.setdefault(partition_for(k.encode(), partitions), k)
+        i += 1
+    return [keys[p] for p in range(partitions)]
 
 
 @contextmanager

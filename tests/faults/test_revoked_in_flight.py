@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -35,7 +35,7 @@ from tests.faults import broker_link
 from tests.faults._flow import answered, committed_through_end, describe, key_events, mismatches, now_ms
 from tests.faults.test_tail_broker_gone import advertised
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, TopicReader, running
+from tests.topic_io import RawProducer, TopicReader, one_key_per_partition, running
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 120.0
@@ -85,15 +85,16 @@ def socket_dir() -> Iterator[str]:
     shutil.rmtree(d, ignore_errors=True)
 
 
-def _keys(n: int) -> list[str]:
-    """One key per partition."""
-    out: dict[int, str] = {}
-    i = 0
-    while len(out) < n:
-        key = f"payments:in-flight-{i}"
-        out.setdefault(partition_for(key.encode(), n), key)
-        i += 1
-    return [out[p] for p in range(n)]
+def _scenario(cfg: KafkaConfig, shape: str) -> tuple[int, list[str], dict[str, list[Any]], dict[str, Any]]:
+    """The broker's port, a key per partition, each key's events of ``shape`` and its single fold."""
+    host, port = advertised(cfg)
+    if host != "127.0.0.1":
+        pytest.skip(f"the broker advertises {host}: the link forwards 127.0.0.1 only")
+    keys = one_key_per_partition("payments:in-flight-", cfg.partitions)
+    t = now_ms()
+    events = {k: key_events(k, shape, t) for k in keys}
+    folded = {k: fold(evs) for k, evs in events.items()}
+    return port, keys, events, {k: to_state(e) for k, e in folded.items() if e is not None}
 
 
 @pytest.mark.timeout(600)
@@ -101,15 +102,8 @@ def test_a_batch_in_flight_at_revocation_lands_before_the_next_owner_folds(
     kafka_config: KafkaConfig, tmp_path: Path, socket_dir: str
 ) -> None:
     cfg = kafka_config
-    host, port = advertised(cfg)
-    if host != "127.0.0.1":
-        pytest.skip(f"the broker advertises {host}: the link forwards 127.0.0.1 only")
-    keys = _keys(cfg.partitions)
-    t = now_ms()
-    events = {k: key_events(k, "confirmed", t) for k in keys}  # intent, executed, receipt
-    folded = {k: fold(evs) for k, evs in events.items()}
-    expected = {k: to_state(e) for k, e in folded.items() if e is not None}
-    link = broker_link.link_to((host, port), os.path.join(socket_dir, "broker"))
+    port, keys, events, expected = _scenario(cfg, "confirmed")  # intent, executed, receipt
+    link = broker_link.link_to(("127.0.0.1", port), os.path.join(socket_dir, "broker"))
     a = LinkedProcessor(cfg, tmp_path / "data-a", os.path.join(socket_dir, "broker"), port)
     b = Processor(cfg, tmp_path / "data-b")
     producer = RawProducer(cfg)
@@ -189,16 +183,9 @@ def test_a_worker_stopped_while_its_batch_is_unacknowledged_does_not_commit_it(
     consumer committed what was acknowledged: the next worker started past the Executed events and
     every key stayed PENDING."""
     cfg = kafka_config
-    host, port = advertised(cfg)
-    if host != "127.0.0.1":
-        pytest.skip(f"the broker advertises {host}: the link forwards 127.0.0.1 only")
-    keys = _keys(cfg.partitions)
-    t = now_ms()
-    events = {k: key_events(k, "executed", t) for k in keys}  # intent, executed
-    folded = {k: fold(evs) for k, evs in events.items()}
-    expected = {k: to_state(e) for k, e in folded.items() if e is not None}
+    port, keys, events, expected = _scenario(cfg, "executed")  # intent, executed
     sock = os.path.join(socket_dir, "broker")
-    link = broker_link.link_to((host, port), sock)
+    link = broker_link.link_to(("127.0.0.1", port), sock)
     a = LinkedProcessor(cfg, tmp_path / "data-a", sock, port, drain_s=3)
     producer = RawProducer(cfg)
 

@@ -42,7 +42,7 @@ from effect_ledger.streams.model import (
 from effect_ledger.streams.partition import partition_for
 from tests.sdk_contract import DECLARED
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, Record, TopicReader, run_agent, running
+from tests.topic_io import RawProducer, Record, TopicReader, one_key_per_partition, run_agent, running
 
 WAIT = 60.0
 
@@ -473,16 +473,6 @@ def test_lookup_right_after_a_synced_execute_sees_what_kafka_acknowledged(
 
 
 # -- 6. a restart with nothing new to fold -----------------------------------------------------
-
-
-def one_key_per_partition(prefix: str, partitions: int) -> list[str]:
-    keys: dict[int, str] = {}
-    i = 0
-    while len(keys) < partitions:
-        k = f"{prefix}{i}"
-        keys.setdefault(partition_for(k.encode(), partitions), k)
-        i += 1
-    return [keys[p] for p in range(partitions)]
 
 
 def committed_offsets(cfg: KafkaConfig, group: str, topic: str) -> dict[int, int]:
