@@ -276,7 +276,9 @@ class Relay:
 
     def _wire_codec(self) -> Codec:
         if self._wire is None:
-            self._wire = kafka_codec(self.cfg, writes=True)
+            # In a thread of the loop's executor, which ``asyncio.run`` waits for: ``stop`` ends
+            # its wait for a broker that is gone.
+            self._wire = kafka_codec(self.cfg, writes=True, cancel=self._stop)
         return self._wire
 
     def _fit_topic_limit(self) -> None:

@@ -59,23 +59,47 @@ def schema_value(raw: dict[str, Any]) -> bytes:
     return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def publish_schemas(cfg: KafkaConfig, writer_schemas: Iterable[dict[str, Any]], timeout: float = 30.0) -> int:
+#: How often a wait for the broker looks whether it was called off (``publish_schemas``'s ``cancel``).
+_CANCEL_SLICE_S = 0.25
+
+
+def publish_schemas(
+    cfg: KafkaConfig,
+    writer_schemas: Iterable[dict[str, Any]],
+    timeout: float = 30.0,
+    cancel: threading.Event | None = None,
+) -> int:
     """Publish writer schemas (parsed JSON) to ``effects.schemas`` and wait until the broker
-    acknowledged each (acks=all). Returns how many were published. Raises SchemaTopicError."""
-    from confluent_kafka import KafkaException, Producer
+    acknowledged each (acks=all). Returns how many were published. Raises SchemaTopicError, also
+    when ``cancel`` is set while it waits: a writer that closes does not wait out the timeout for
+    a broker that is gone (a program would not exit until this thread ended)."""
+    from confluent_kafka import KafkaError, KafkaException, Producer
 
     topic = cfg.topics.schemas
     known = {schema_fingerprint(raw): raw for raw in writer_schemas}
     errors: list[str] = []
+    deadline = time.monotonic() + timeout
 
     def report(err: Any, _msg: Any) -> None:
         if err is not None:
             errors.append(str(err))
 
+    def remaining() -> float:
+        if cancel is not None and cancel.is_set():
+            raise SchemaTopicError(f"cannot publish schemas to {topic}: the writer was closed meanwhile")
+        return deadline - time.monotonic()
+
     try:
         # No auto-creation: a topic the broker made on the fly would not be compacted.
         p = Producer(cfg.confluent(**{"acks": "all", "enable.idempotence": True, "allow.auto.create.topics": False}))
-        md = p.list_topics(topic, timeout=timeout)
+        while True:  # in slices, so that ``cancel`` is seen
+            try:
+                md = p.list_topics(topic, timeout=max(0.01, min(_CANCEL_SLICE_S, remaining())))
+                break
+            except KafkaException as e:
+                waiting = e.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
+                if not waiting or remaining() <= 0:
+                    raise
         t = md.topics.get(topic)
         if t is None or t.error is not None:
             raise SchemaTopicError(
@@ -84,7 +108,9 @@ def publish_schemas(cfg: KafkaConfig, writer_schemas: Iterable[dict[str, Any]], 
         for fp, raw in known.items():
             name = f"{raw.get('namespace', '')}.{raw['name']}".lstrip(".")
             p.produce(topic, schema_value(raw), schema_key(fp), headers=[(HEADER, name.encode())], on_delivery=report)
-        left = p.flush(timeout)
+        left = p.flush(0)
+        while left and (wait := remaining()) > 0:
+            left = p.flush(min(_CANCEL_SLICE_S, wait))
     except KafkaException as e:
         raise SchemaTopicError(f"cannot publish schemas to {topic}: {e}") from e
     if left or errors:
@@ -105,14 +131,15 @@ class SchemaPublisher:
         self.codec = codec
         self.timeout = timeout
 
-    def ensure(self) -> None:
-        """Publish unless this process already did for this cluster and codec. Raises SchemaTopicError."""
+    def ensure(self, cancel: threading.Event | None = None) -> None:
+        """Publish unless this process already did for this cluster and codec. Raises
+        SchemaTopicError (also once ``cancel`` is set while it waits for the broker)."""
         key = (self.cfg.bootstrap, self.cfg.prefix, id(self.codec))
         if key in self._done:
             return
         with self._lock:
             if key not in self._done:
-                publish_schemas(self.cfg, self.codec.writer_schemas().values(), self.timeout)
+                publish_schemas(self.cfg, self.codec.writer_schemas().values(), self.timeout, cancel)
                 self.codec.register_all()  # with a schema registry: encode never waits on it
                 self._done.add(key)
 
@@ -211,12 +238,12 @@ _resolvers: dict[tuple[str, str], TopicResolver] = {}
 _codecs_lock = threading.Lock()
 
 
-def kafka_codec(cfg: KafkaConfig, *, writes: bool = False) -> Codec:
+def kafka_codec(cfg: KafkaConfig, *, writes: bool = False, cancel: threading.Event | None = None) -> Codec:
     """The process-wide codec for one cluster, topic prefix and schema registry: it learns unknown
     writer schemas from ``effects.schemas`` and, with ``cfg.schema_registry``, reads the registry
     framing too. ``writes``: this process writes records with it, so its schemas are published
     first (SchemaTopicError if they cannot be) and, with a registry, registered (RegistryError) and
-    its records framed the registry way."""
+    its records framed the registry way. ``cancel``: set, the wait for the broker ends at once."""
     key = (cfg.bootstrap, cfg.prefix, cfg.schema_registry, writes)
     with _codecs_lock:
         codec = _codecs.get(key)
@@ -225,5 +252,5 @@ def kafka_codec(cfg: KafkaConfig, *, writes: bool = False) -> Codec:
             registry = RegistryClient(cfg.schema_registry) if cfg.schema_registry else None
             codec = _codecs[key] = Codec(resolver=resolver, registry=registry, frame_writes=writes and bool(registry))
     if writes:
-        SchemaPublisher(cfg, codec).ensure()
+        SchemaPublisher(cfg, codec).ensure(cancel)
     return codec
