@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,25 +182,51 @@ def test_kafka_commands_name_their_extra(venv: Venv, args: tuple[str, ...], comm
     assert (out.returncode, out.stderr) == (1, missing_extra_line(command, extra))
 
 
-def _dry_run(venv: Venv, *requirements: str) -> dict[str, str]:
-    """``{distribution: version}`` pip would install for ``requirements`` into an empty
-    environment (``--ignore-installed``: what is already in the venv does not count)."""
-    report = venv.project.parent / "report.json"
-    out = venv.pip("install", "-q", "--dry-run", "--ignore-installed", "--report", str(report), *requirements)
-    assert out.returncode == 0, f"pip could not resolve {requirements}:\n{out.stderr[-3000:]}"
-    items = json.loads(report.read_text())["install"]
-    return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in items}
+EXTRAS = ["", "[kafka]"]  # our base install, and base + [kafka] (what an agent in Kafka mode installs)
 
 
-@pytest.mark.parametrize("extras", ["", "[kafka]"])
-def test_install_next_to_dbos_downgrades_nothing(venv: Venv, wheel: Path, extras: str) -> None:
+@dataclass
+class DryRun:
+    """``pip install --dry-run --report`` of ``requirements`` into an empty environment
+    (``--ignore-installed``: what is already in the venv does not count)."""
+
+    requirements: tuple[str, ...]
+    out: subprocess.CompletedProcess[str]
+    report: Path
+
+    def resolved(self) -> dict[str, str]:
+        """``{distribution: version}`` pip would install."""
+        assert self.out.returncode == 0, f"pip could not resolve {self.requirements}:\n{self.out.stderr[-3000:]}"
+        items = json.loads(self.report.read_text())["install"]
+        return {re.sub(r"[-_.]+", "-", i["metadata"]["name"]).lower(): i["metadata"]["version"] for i in items}
+
+
+@pytest.fixture(scope="module")
+def dry_runs(venv: Venv, wheel: Path) -> dict[str, DryRun]:
+    """The dry runs of DBOS alone ("alone") and of DBOS next to our wheel with each of ``EXTRAS``.
+    Each keeps a pip busy for several seconds: they run side by side, and DBOS alone is resolved
+    once for both tests."""
+    wanted = {"alone": (DBOS,), **{extras: (DBOS, f"{wheel}{extras}") for extras in EXTRAS}}
+
+    def dry_run(i: int, requirements: tuple[str, ...]) -> DryRun:
+        report = venv.project.parent / f"report-{i}.json"
+        out = venv.pip("install", "-q", "--dry-run", "--ignore-installed", "--report", str(report), *requirements)
+        return DryRun(requirements, out, report)
+
+    with ThreadPoolExecutor(len(wanted)) as pool:
+        runs = {name: pool.submit(dry_run, i, reqs) for i, (name, reqs) in enumerate(wanted.items())}
+        return {name: run.result() for name, run in runs.items()}
+
+
+@pytest.mark.parametrize("extras", EXTRAS)
+def test_install_next_to_dbos_downgrades_nothing(dry_runs: dict[str, DryRun], extras: str) -> None:
     """DBOS resolves to the same versions with our base install (or base + [kafka], what an agent
     in Kafka mode installs) added as without it. ([processor] cannot share an environment with
     DBOS 3.4: faust-streaming's mode-streaming pins croniter<6; pyproject.toml says so.)"""
     from packaging.version import Version
 
-    alone = _dry_run(venv, DBOS)
-    both = _dry_run(venv, DBOS, f"{wheel}{extras}")
+    alone = dry_runs["alone"].resolved()
+    both = dry_runs[extras].resolved()
     assert alone["dbos"] == "3.4.0" and "croniter" in alone  # not vacuous: dbos and its deps resolved
     assert both["effect-ledger-kafka"] and ("confluent-kafka" in both) == (extras == "[kafka]")
     lower = {n: (v, both.get(n)) for n, v in alone.items() if n not in both or Version(both[n]) < Version(v)}
