@@ -70,8 +70,9 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
-from effect_ledger.processors import batch_writer, faust_internals, retirement, table_value
+from effect_ledger.processors import faust_internals, retirement, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
+from effect_ledger.processors.batch_writer import CLIENT_ID as FOLD_CLIENT_ID
 from effect_ledger.processors.batch_writer import BatchWriter
 from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
 from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, DRAIN_S, throughput_settings
@@ -482,7 +483,7 @@ class LedgerProcessor:
 
             db_for, write_batch = faust_internals.table_partitions(self.table)
             self._out = BatchWriter(
-                Producer(producer_config(self.s.kafka, **{"client.id": batch_writer.CLIENT_ID})),
+                Producer(producer_config(self.s.kafka, **{"client.id": FOLD_CLIENT_ID})),
                 self.table.changelog_topic.get_topic_name(),
                 db_for,
                 write_batch,

@@ -51,15 +51,20 @@ def answered(p: Processor, key: str, state: str) -> bool:
     return status == 200 and body.get("state") == state
 
 
-def committed_through_end(cfg: KafkaConfig) -> bool:
-    """Whether the processors' group has committed every partition of effects.events up to its end."""
+def commits(cfg: KafkaConfig) -> dict[int, tuple[int, int]]:
+    """partition of effects.events -> (the processors' committed offset, the end offset)."""
     c = Consumer(cfg.confluent(**{"group.id": f"{cfg.prefix}effect-ledger", "enable.auto.commit": False}))
     try:
         tps = [TopicPartition(cfg.topics.events, p) for p in range(cfg.partitions)]
-        ends = [c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
-        return all(tp.offset >= end for tp, end in zip(c.committed(tps, timeout=10), ends, strict=True))
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
+        return {tp.partition: (tp.offset, ends[tp.partition]) for tp in c.committed(tps, timeout=10)}
     finally:
         c.close()
+
+
+def committed_through_end(cfg: KafkaConfig) -> bool:
+    """Whether the processors' group has committed every partition of effects.events up to its end."""
+    return all(committed >= end for committed, end in commits(cfg).values())
 
 
 def forget_commits(cfg: KafkaConfig) -> None:

@@ -14,8 +14,7 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import fold, to_state
 from effect_ledger.streams.partition import partition_for
-from tests.faults._flow import answered, intent, now_ms
-from tests.faults.test_revoked_in_flight import _commits
+from tests.faults._flow import answered, commits, intent, now_ms
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
@@ -58,7 +57,7 @@ def test_a_batch_kafka_refuses_stops_the_worker_and_is_not_committed(kafka_confi
             wait_for(lambda: not a.alive, WAIT, "the worker to stop on the refused record")
             assert a.proc is not None and a.proc.returncode != 0, "a worker that could not write its batch exited 0"
             assert "Kafka refused 1 record(s) of the batch" in a.log(), a.log()[-3000:]
-        committed, end = _commits(cfg)[p]
+        committed, end = commits(cfg)[p]
         assert committed < end, f"partition {p} committed through {committed}, past the intent the worker never wrote"
 
         _set_max_message_bytes(cfg, cfg.topics.state, None)

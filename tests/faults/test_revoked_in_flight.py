@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import Any, Self
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
 from effect_ledger.processors.batch_writer import CLIENT_ID
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.effect import fold, to_state
 from effect_ledger.streams.partition import partition_for
 from tests.faults import broker_link
-from tests.faults._flow import answered, committed_through_end, describe, key_events, mismatches, now_ms
+from tests.faults._flow import answered, commits, committed_through_end, describe, key_events, mismatches, now_ms
 from tests.faults.test_tail_broker_gone import advertised
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, one_key_per_partition, running
@@ -154,17 +153,6 @@ def test_a_batch_in_flight_at_revocation_lands_before_the_next_owner_folds(
             wait_for(lambda k=k: answered(c, k, "CONFIRMED"), 30, f"{k} rebuilt CONFIRMED")
 
 
-def _commits(cfg: KafkaConfig) -> dict[int, tuple[int, int]]:
-    """partition of effects.events -> (the processors' committed offset, the end offset)."""
-    c = Consumer(cfg.confluent(**{"group.id": f"{cfg.prefix}effect-ledger", "enable.auto.commit": False}))
-    try:
-        tps = [TopicPartition(cfg.topics.events, p) for p in range(cfg.partitions)]
-        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
-        return {tp.partition: (tp.offset, ends[tp.partition]) for tp in c.committed(tps, timeout=10)}
-    finally:
-        c.close()
-
-
 def _worker_pid(link_pid: int) -> int:
     """The worker: the link process's child, inside the namespace."""
     children = Path(f"/proc/{link_pid}/task/{link_pid}/children").read_text().split()
@@ -208,7 +196,7 @@ def test_a_worker_stopped_while_its_batch_is_unacknowledged_does_not_commit_it(
             wait_for(lambda: not a.alive, 60, "worker A to stop")
             link.cut()  # what A sent and Kafka never acknowledged is gone
         # Each partition's last record is a key's Executed event: none may be committed.
-        ahead = {p: (c, end) for p, (c, end) in _commits(cfg).items() if c >= end}
+        ahead = {p: (c, end) for p, (c, end) in commits(cfg).items() if c >= end}
         assert not ahead, f"the group committed events whose fold never reached Kafka: {ahead}"
         b = Processor(cfg, tmp_path / "data-b")
         with running(b):
