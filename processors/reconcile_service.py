@@ -41,6 +41,10 @@ _RECORD_ERRORS = frozenset(
     {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.INVALID_MSG}
 )
 _Out = tuple[str, bytes | None, Resolution | DeadLetter]  # (topic, key, record)
+#: How long the group waits for a silent instance (killed, frozen, cut off) before its partitions go
+#: to the others: the workers' 10 s, not librdkafka's 45 s. Heartbeats come from librdkafka's own
+#: thread, so a long batch of asks does not count against it (that is ``max.poll.interval.ms``).
+SESSION_TIMEOUT_MS = 10_000
 
 
 @dataclass
@@ -77,6 +81,8 @@ class ReconcileService:
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "partition.assignment.strategy": "cooperative-sticky",
+                    "session.timeout.ms": SESSION_TIMEOUT_MS,
+                    "heartbeat.interval.ms": SESSION_TIMEOUT_MS // 5,
                 }
             )
         )

@@ -20,13 +20,16 @@ KAFKA_MODULES = ("confluent_kafka", "faust", "aiokafka", "rocksdict")
 
 
 def package_folders() -> dict[str, Path]:
-    """``{installed package name: folder}`` for every folder with an ``__init__.py`` under the roots."""
+    """``{installed package name: folder}`` for every folder under the roots that holds files: the
+    packages (an ``__init__.py``) and the folders of package data only, which Python can import as
+    namespace packages, so setuptools must be told about them too (else it warns on every build)."""
     found = {}
     for folder, package in ROOTS.items():
-        for init in sorted((ROOT / folder).rglob("__init__.py")):
-            rel = init.parent.relative_to(ROOT / folder)
+        base = ROOT / folder
+        for d in sorted({p.parent for p in base.rglob("*") if p.is_file()}):
+            rel = d.relative_to(base)
             if "__pycache__" not in rel.parts:
-                found[".".join([package, *rel.parts])] = init.parent
+                found[".".join([package, *rel.parts])] = d
     return found
 
 

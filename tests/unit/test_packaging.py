@@ -49,7 +49,7 @@ def test_every_schema_is_package_data(setuptools_config: dict[str, Any]) -> None
     data = setuptools_config["package-data"]
     folders = package_folders()
     for path in schemas:
-        # The package the file belongs to is its nearest folder with an __init__.py.
+        # The package the file belongs to is its nearest package folder (the file's own, for data).
         package = max((p for p, f in folders.items() if f in path.parents), key=len)
         # setuptools globs each pattern in the package's folder ("*.avsc" does not reach a subfolder).
         covered = {hit for pattern in data.get(package, []) for hit in folders[package].glob(pattern)}
