@@ -108,8 +108,14 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
 
 
 def admin_client(cfg: KafkaConfig, **overrides: Any) -> AdminClient:
+    """A client for one-shot admin requests, whose outcome the caller reports (an exception, one
+    line in the CLI). Unless ``cfg`` sets a log level, librdkafka logs only its errors: its info
+    lines (such as "Purging 1 unserved events from background queue" when the client is
+    destroyed) would otherwise precede a command's one line on stderr."""
     from confluent_kafka.admin import AdminClient
 
+    if cfg.log_level is None:
+        overrides.setdefault("log_level", 3)
     return AdminClient(cfg.confluent(**overrides))
 
 
