@@ -83,7 +83,8 @@ class EffectConflict(LedgerError):
 
 class EffectInProgress(LedgerError):
     """Another live worker holds this key's current attempt, or an earlier attempt may still land
-    at the destination until its deadline. Retry after ``retry_after_ms``."""
+    at the destination until its deadline plus the target's ``lands_within``. Retry after
+    ``retry_after_ms``."""
 
     def __init__(self, effect_id: str, reason: str, retry_after_ms: int | None = None) -> None:
         super().__init__(f"effect {effect_id} is in progress: {reason}")

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from effect_ledger.streams import bodies, claims, crashpoints, retire_store
-from effect_ledger.streams.effect import Effect, expire
+from effect_ledger.streams.effect import Effect, attempt_deadline_ms, expire
 from effect_ledger.streams.erasure import Keyring
 from effect_ledger.streams.errors import (
     EffectInProgress,
@@ -62,7 +62,16 @@ from effect_ledger.streams.plan import (
     plan,
 )
 from effect_ledger.streams.receipts import Confirmation, confirmation_of, new_event_id, receipt_of
-from effect_ledger.streams.reconcile import Answer, Target, ask, judge, target_for, target_name, view
+from effect_ledger.streams.reconcile import (
+    Answer,
+    Target,
+    answered_too_early,
+    ask,
+    judge,
+    target_for,
+    target_name,
+    view,
+)
 from effect_ledger.streams.remote import merge_remote, remote_events
 from effect_ledger.streams.store import ClaimOp, Loaded, Store, VersionConflict
 from effect_ledger.streams.workers import LocalWorker, owner_alive
@@ -190,7 +199,11 @@ class Executor:
         target = self.target(spec.target)
         answer, name = await self.ask(effect, target, call, spec.timeout)
         effect, resolution = await self.record_answer(effect, target, answer, name)
-        return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims)
+        # Asking again can change an unknown answer once the old call has stopped (its deadline),
+        # and an "absent" given too early once the call can no longer land.
+        deadline = attempt_deadline_ms(effect, effect.attempt) or 0
+        until = target.may_still_land_until_ms(effect) if answered_too_early(resolution) else deadline
+        return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
 
     async def refuse_retired(self, key: str) -> None:
         """``EffectRetired`` for a retired key: only such a key has no events yet cannot be

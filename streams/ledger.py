@@ -63,7 +63,7 @@ from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, check_text, recei
 from effect_ledger.streams.model import Decision, DecisionKind, Receipt, ReceiptSource
 from effect_ledger.streams.plan import CallSpec
 from effect_ledger.streams.receipts import Confirmation, new_event_id, wall_clock_ms
-from effect_ledger.streams.reconcile import Target
+from effect_ledger.streams.reconcile import Target, target_for, target_name
 from effect_ledger.streams.remote import merge_remote
 from effect_ledger.streams.store import Durability, Store
 from effect_ledger.streams.targets import TargetsSpec
@@ -384,7 +384,7 @@ class Ledger:
         if before is None:
             raise UnknownEffect(key, str(self._store.path))
         now = self._clock()
-        refused = decision_refusal(before, kind, now)
+        refused = decision_refusal(before, kind, now, target_for(self._targets, target_name(before))[0].lands_within_ms)
         if refused is not None:
             raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
         principal = operator_identity(self._relay.cfg if self._relay is not None else None)

@@ -148,18 +148,21 @@ def plan(known: Known, spec: CallSpec) -> Plan:
     return Execute(effect.attempt + 1, owner, known.confirm_claims)
 
 
-def after_answer(asked: AskFirst, effect: Effect, resolution: Resolution, now_ms: int, confirm_claims: bool) -> Plan:
+def after_answer(
+    asked: AskFirst, effect: Effect, resolution: Resolution, now_ms: int, confirm_claims: bool, lands_until_ms: int
+) -> Plan:
     """What ``execute`` does once the destination was asked about an earlier attempt: ``effect`` as
-    recorded after the answer, ``resolution`` the answer as judged."""
+    recorded after the answer, ``resolution`` the answer as judged, ``lands_until_ms`` until when
+    asking again may change an unknown answer: the earlier attempt's deadline, or for an "absent"
+    given while its call could still land, the end of that (``Target.may_still_land_until_ms``)."""
     key = effect.effect_id
     if effect.state is State.CONFIRMED:
         return ReturnReceipt(effect)
     if effect.state is State.ABSENT:
         return Execute(effect.attempt + 1, asked.take_over_from, confirm_claims)
-    deadline = effect.intent.deadline_ms if effect.intent else None
-    if resolution.verdict is Verdict.UNKNOWN and deadline is not None and now_ms < deadline:
-        # The earlier call may still be running (or land) until its deadline: ask again then.
-        return Refuse(EffectInProgress(key, resolution.reason, deadline - now_ms))
+    if resolution.verdict is Verdict.UNKNOWN and now_ms < lands_until_ms:
+        # The earlier call may still be running, or land, until then: ask again then.
+        return Refuse(EffectInProgress(key, resolution.reason, lands_until_ms - now_ms))
     return Refuse(EffectUncertain(key, resolution.reason, effect.state.value))
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from effect_ledger.streams.bodies import BodyPolicy
-from effect_ledger.streams.effect import Effect, uncertain_event
+from effect_ledger.streams.effect import DECISION_GRACE_MS, Effect, attempt_deadline_ms, uncertain_event
 from effect_ledger.streams.errors import DefiniteFailure
 from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
 from effect_ledger.streams.model import Resolution, UncertainEffect, Verdict
@@ -137,6 +137,10 @@ class Target:
     the same key within ``retention_s`` returns the original result instead of a second effect.
     ``definite_errors``: exception types that mean "rejected, nothing happened" (FAILED); any other
     exception, and every timeout, leaves the outcome unknown (UNCERTAIN).
+    ``lands_within_s``: how long after an attempt's deadline its call, cut off or lost on the way,
+    may still take effect at the destination (a request being processed, a queue, a retrying
+    proxy). Until then an "absent" answer proves nothing: it is never ABSENT, and no person may
+    declare it ABSENT either (``decision_refusal``).
     """
 
     name: str
@@ -150,6 +154,20 @@ class Target:
     # an HTTP lookup's ``timeout``, else ``DEFAULT_ASK_TIMEOUT_S``); past it the answer is Unknown.
     timeout_s: float | None = None
     body: BodyPolicy = field(default_factory=BodyPolicy)  # what of a request is recorded (bodies.py)
+    lands_within_s: float = DECISION_GRACE_MS / 1000
+
+    @property
+    def lands_within_ms(self) -> int:
+        """``lands_within_s`` in milliseconds."""
+        return int(self.lands_within_s * 1000)
+
+    def may_still_land_until_ms(self, effect: Effect | EffectView) -> int:
+        """Until when a call of the effect's current attempt may still take effect: its deadline
+        plus ``lands_within_s`` (0 for an effect with no known deadline)."""
+        deadline = (
+            attempt_deadline_ms(effect, effect.attempt) if isinstance(effect, Effect) else effect.deadline_ms
+        ) or 0
+        return deadline + self.lands_within_ms if deadline else 0
 
     @property
     def definite(self) -> tuple[type[BaseException], ...]:
@@ -267,6 +285,16 @@ async def ask(
     return None, "none"
 
 
+#: In the event id of an "absent" answered while the call could still land (``judge``).
+_EARLY = ":early:"
+
+
+def answered_too_early(resolution: Resolution) -> bool:
+    """Whether ``resolution`` is an "absent" given while the call could still land (``judge``
+    recorded it as an unknown that used up no try)."""
+    return _EARLY in resolution.event_id
+
+
 def last_resolution(effect: Effect) -> Resolution | None:
     """The latest answer recorded about the effect's current attempt (None: never asked)."""
     tries = [r for r in effect.resolutions if r.attempt == effect.attempt]
@@ -286,7 +314,10 @@ def next_check_ms(effect: Effect, target: Target, now_ms: int) -> int | None:
     last = last_resolution(effect)
     if last is None:
         return None
-    return last.at_ms + target.backoff.delay_ms(last.tries)
+    after = last.at_ms + target.backoff.delay_ms(last.tries)
+    if answered_too_early(last):  # "absent" while the call could still land: again once it cannot
+        return max(after, target.may_still_land_until_ms(effect))
+    return after
 
 
 def previous_tries(effect: Effect) -> int:
@@ -335,12 +366,17 @@ def judge(
                 f"destination reports absent, but its key retention ({target.retention_s:.0f} s) has passed "
                 "since the intent: it may have forgotten the key",
             )
-        deadline = effect.deadline_ms if effect.target else 0
-        if now_ms < deadline:
-            # Not a try: asking again before the deadline must not run down the escalation count.
+        until = target.may_still_land_until_ms(effect) if effect.target else 0
+        if now_ms < until:
+            # Not a try: asking again before the call can no longer land must not run down the
+            # escalation count (``next_check_ms`` asks again once it cannot).
             tries -= 1
-            eid = f"resolution:{attempt}:{tries}:early:{effect.effect_id}"
-            return res(Verdict.UNKNOWN, f"absent so far, but the call may still land until its deadline ({deadline})")
+            eid = f"resolution:{attempt}:{tries}{_EARLY}{effect.effect_id}"
+            return res(
+                Verdict.UNKNOWN,
+                f"absent so far, but the call may still land until {until} (its deadline "
+                f"{until - target.lands_within_ms} + lands_within {target.lands_within_s:g} s)",
+            )
         return res(Verdict.ABSENT, answer.reason or "not found at the destination")
     if tries >= target.backoff.max_tries:
         return res(Verdict.ESCALATE, f"no answer after {tries} tries: {answer.reason}")

@@ -8,6 +8,9 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     lookup = "https://gateway.example/refunds/by-key/{key}"   # GET it: 200 found, 404/410 absent
     honours_keys = true                  # the destination deduplicates Idempotency-Key ...
     key_retention = "24h"                # ... for this long ("forever" if it never forgets)
+    lands_within = "30s"                 # a call cut off at its deadline may still take effect
+                                         # this long after it (default 2s): "absent" before then
+                                         # is not ABSENT
     definite_errors = ["myapp.gateway:RefundRejected"]   # "rejected, nothing happened"
     headers = { Authorization = "Bearer ${GATEWAY_TOKEN}" }   # ${VAR}: from the environment;
                                          # sent to the lookup URL's own origin only
@@ -46,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from effect_ledger.streams import bodies
+from effect_ledger.streams.effect import DECISION_GRACE_MS
 from effect_ledger.streams.errors import TargetsError
 from effect_ledger.streams.http_reconciler import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.streams.keys import check_name
@@ -53,6 +57,7 @@ from effect_ledger.streams.reconcile import Backoff, CallableReconciler, Reconci
 from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
 
 ENV_VAR = "EFFECTS_TARGETS"
+MAX_LANDS_WITHIN_S = 7 * 86400  # a call that may land a week late is a queue to reconcile by hand
 BODY_SETTINGS = ("body", "redact", "subject")  # what of a request is recorded: effect_ledger.streams.bodies
 MAX_FILE_BYTES = 1 << 20  # a declaration, not a data set
 NONE = "none"
@@ -63,7 +68,7 @@ SECTIONS_READ_ELSEWHERE = frozenset({"mcp"})
 
 _COMMON = {
     "lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff",
-    *BODY_SETTINGS,
+    "lands_within", *BODY_SETTINGS,
 }  # fmt: skip
 _HTTP = {
     "timeout",
@@ -221,6 +226,11 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         retention_s = None
     else:
         retention_s = _duration(retention, "key_retention", fail) / 1000
+    lands_within_s = DECISION_GRACE_MS / 1000
+    if "lands_within" in body:
+        lands_within_s = _duration(body["lands_within"], "lands_within", fail) / 1000
+        if lands_within_s > MAX_LANDS_WITHIN_S:
+            raise fail(f"lands_within must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
     errors = tuple(_error_class(ref, fail) for ref in _strings(body, "definite_errors", fail))
     receipt_id = body.get("receipt_id")
     receipt_fn: Callable[[Any], str] | None = None
@@ -238,6 +248,7 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         receipt_id=receipt_fn,
         backoff=_backoff(body.get("backoff"), fail),
         body=bodies.parse(body, fail),
+        lands_within_s=lands_within_s,
     )
 
 

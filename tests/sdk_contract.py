@@ -531,14 +531,14 @@ class LedgerContract(abc.ABC):
 
         run(self.with_ledger(self.db(tmp_path), body, targets=[target]))
 
-    def test_dead_owner_absent_after_deadline_executes_attempt_2(self, tmp_path: Path) -> None:
+    def test_dead_owner_absent_once_the_call_cannot_land_executes_attempt_2(self, tmp_path: Path) -> None:
         dest = Destination()
         clock = FakeClock()
         target = Target(TARGET, reconciler=reconciler_of(Absent("no refund with that key")))
 
         async def body(ledger: Ledger) -> None:
             key = await write_pending(ledger, owner=dead_owner(), timeout_s=10)
-            clock.advance(10_001)
+            clock.advance(10_000 + target.lands_within_ms)  # the old call can no longer land
             c = await self.execute(ledger, dest)
             assert dest.calls == [key]  # the same key, once
             assert c.called and c.attempt == 2
@@ -560,11 +560,16 @@ class LedgerContract(abc.ABC):
             clock.advance(4_000)
             with pytest.raises(EffectInProgress) as ei:
                 await self.execute(ledger, dest)
-            assert ei.value.retry_after_ms == 6_000
+            assert ei.value.retry_after_ms == 6_000 + target.lands_within_ms
             assert dest.calls == []
             assert (await ledger.get(KEY)).state is State.PENDING  # type: ignore[union-attr]
-            # Once the deadline has passed the same answer makes a retry safe.
+            # Past the deadline, the old call may still land for the target's lands_within.
             clock.advance(6_001)
+            with pytest.raises(EffectInProgress) as ei:
+                await self.execute(ledger, dest)
+            assert ei.value.retry_after_ms == target.lands_within_ms - 1 and dest.calls == []
+            # Once it can no longer land, the same answer makes a retry safe.
+            clock.advance(target.lands_within_ms)
             c = await self.execute(ledger, dest)
             assert c.called and c.attempt == 2 and dest.calls == [KEY]
 

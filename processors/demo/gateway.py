@@ -13,7 +13,9 @@ API: ``POST /refunds`` (JSON ``order``, ``amount``, ``currency``; header ``Idemp
 200 with the refund; ``GET /refunds/by-key/{key}`` -> 200 refund / 404 / 501;
 ``GET /_admin/refunds`` -> every refund made; ``POST /_admin/fail`` (JSON ``count``, ``mode``:
 ``reject`` (400), ``error`` (503 before committing), ``lost`` (commit, then 503: the reply is lost),
-``slow`` (commit, then reply after ``delay`` seconds)) -> failures on demand; ``POST /_admin/reset``.
+``slow`` (commit, then reply after ``delay`` seconds), ``late`` (wait ``delay`` seconds, then commit
+and reply: the refund takes effect after a caller that timed out gave up)) -> failures on demand;
+``POST /_admin/reset``.
 """
 
 from __future__ import annotations
@@ -67,6 +69,12 @@ class GatewayState:
         """(status, reply, delay before replying)."""
         with self.lock:
             mode, delay = self.failures.pop(0) if self.failures else ("", 0.0)
+        if mode == "late":
+            # Held in a queue (or by a busy server) before it takes effect: a caller that gave up
+            # in the meantime has not stopped it.
+            time.sleep(delay)
+            mode, delay = "", 0.0
+        with self.lock:
             if mode == "reject":
                 return 400, {"error": "card_declined", "message": "refund rejected by the issuer"}, 0.0
             if mode == "error":
@@ -110,7 +118,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller gave up waiting (a timeout): what was done is done, as at a real gateway
 
     def _body(self) -> dict[str, Any]:
         n = int(self.headers.get("Content-Length") or 0)

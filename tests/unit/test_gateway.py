@@ -196,6 +196,25 @@ def test_slow_reply_commits_before_it_answers(gateways: dict[str, Gateway]) -> N
     run(body())
 
 
+def test_late_request_takes_effect_after_a_caller_gave_up(gateways: dict[str, Gateway]) -> None:
+    gw = fresh(gateways, "lookup")
+    fail(gw, "late", delay=0.5)
+
+    async def body() -> None:
+        with pytest.raises(TimeoutError):  # the caller gives up...
+            async with asyncio.timeout(0.1):
+                await refund(gw, "k-late")
+        assert gw.refunds() == [] and http("GET", f"{gw.url}/refunds/by-key/k-late")[0] == 404
+        end = time.monotonic() + 5
+        while not gw.refunds():  # ... and the refund is made all the same, later
+            assert time.monotonic() < end
+            await asyncio.sleep(0.01)
+        status, found = http("GET", f"{gw.url}/refunds/by-key/k-late")
+        assert status == 200 and found["id"] == gw.refunds()[0].id
+
+    run(body())
+
+
 def test_failures_are_queued_in_order(gateways: dict[str, Gateway]) -> None:
     gw = fresh(gateways, "none")
     fail(gw, "error")

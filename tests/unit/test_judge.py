@@ -9,7 +9,16 @@ import pytest
 
 from effect_ledger.streams.effect import Effect, apply, fold
 from effect_ledger.streams.model import Executed, Intent, Outcome, Resolution, State, Verdict
-from effect_ledger.streams.reconcile import Absent, Backoff, Found, Target, Unknown, judge, previous_tries
+from effect_ledger.streams.reconcile import (
+    Absent,
+    Backoff,
+    Found,
+    Target,
+    Unknown,
+    judge,
+    next_check_ms,
+    previous_tries,
+)
 
 KEY = "payments:" + "5ca1d0a8" * 8
 T0 = 1_700_000_000_000
@@ -17,6 +26,8 @@ DEADLINE = T0 + 10_000
 RETENTION_S = 3600.0
 TARGET = Target("payments", retention_s=RETENTION_S)
 AFTER_DEADLINE = DEADLINE + 1_000
+# The first moment a call of attempt 1 can no longer land (deadline + the target's lands_within).
+LANDED = DEADLINE + TARGET.lands_within_ms
 RECON = "gateway-reconciler"
 
 
@@ -69,8 +80,8 @@ def test_found_is_proof_even_before_the_deadline_and_past_retention() -> None:
 # --- Absent ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("now", [DEADLINE, AFTER_DEADLINE, T0 + int(RETENTION_S * 1000)])
-def test_absent_after_the_deadline_is_absent(now: int) -> None:
+@pytest.mark.parametrize("now", [LANDED, LANDED + 1_000, T0 + int(RETENTION_S * 1000)])
+def test_absent_once_the_call_can_no_longer_land_is_absent(now: int) -> None:
     eff = uncertain()
     r = judge(eff, TARGET, Absent("no such refund"), RECON, now)
     assert r.verdict is Verdict.ABSENT
@@ -81,7 +92,7 @@ def test_absent_after_the_deadline_is_absent(now: int) -> None:
 
 
 def test_absent_without_a_reason_gets_one() -> None:
-    r = judge(uncertain(), TARGET, Absent(), RECON, AFTER_DEADLINE)
+    r = judge(uncertain(), TARGET, Absent(), RECON, LANDED)
     assert r.verdict is Verdict.ABSENT
     assert r.reason
 
@@ -103,6 +114,40 @@ def test_absent_before_the_deadline_is_unknown_and_consumes_no_try() -> None:
     assert again.version == eff.version + 1
     # the next real try is still try 1
     assert judge(again, TARGET, Unknown("503"), RECON, AFTER_DEADLINE).tries == 1
+
+
+@pytest.mark.parametrize(
+    ("lands_within_s", "now", "verdict"),
+    [
+        # A call cut off at its deadline may still take effect for lands_within after it: an
+        # "absent" answer then proves nothing (ABSENT would let attempt 2 call a second time).
+        (2.0, DEADLINE, Verdict.UNKNOWN),
+        (2.0, DEADLINE + 1_999, Verdict.UNKNOWN),
+        (2.0, DEADLINE + 2_000, Verdict.ABSENT),
+        (30.0, DEADLINE + 29_999, Verdict.UNKNOWN),
+        (30.0, DEADLINE + 30_000, Verdict.ABSENT),
+        (0.001, DEADLINE + 1, Verdict.ABSENT),
+    ],
+)
+def test_absent_while_the_call_may_still_land_is_unknown(lands_within_s: float, now: int, verdict: Verdict) -> None:
+    target = Target("payments", retention_s=RETENTION_S, lands_within_s=lands_within_s)
+    eff = uncertain()
+    r = judge(eff, target, Absent("no such refund"), RECON, now)
+    assert r.verdict is verdict
+    if verdict is Verdict.UNKNOWN:
+        assert f"may still land until {DEADLINE + target.lands_within_ms}" in r.reason
+        assert r.tries == 0  # not a try: the escalation count is not run down by waiting
+        # Asked again once it can no longer land, and not sooner than the backoff.
+        until = DEADLINE + target.lands_within_ms
+        assert next_check_ms(apply(eff, r)[0], target, now) == max(until, now + target.backoff.delay_ms(0))
+    else:
+        assert r.tries == 1
+
+
+def test_the_next_check_after_an_early_unknown_is_not_before_the_backoff() -> None:
+    target = Target("payments", lands_within_s=0.5, backoff=Backoff(first_s=5.0))
+    eff, _ = apply(uncertain(), judge(uncertain(), target, Absent(), RECON, DEADLINE))
+    assert next_check_ms(eff, target, DEADLINE) == DEADLINE + 5_000
 
 
 def test_absent_before_the_deadline_after_earlier_unknowns_keeps_the_count() -> None:

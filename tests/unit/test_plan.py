@@ -30,10 +30,13 @@ from effect_ledger.streams.plan import (
     after_answer,
     plan,
 )
+from effect_ledger.streams.reconcile import Target
 
 KEY = "payments:" + "5ca1d0a8" * 8
 T0 = 1_700_000_000_000
 DEADLINE = T0 + 10_000
+# Until when a call of attempt 1 may still take effect: its deadline + the default lands_within.
+LANDS_UNTIL = DEADLINE + Target("payments").lands_within_ms
 ME = "host-a:100:1:aaaa"
 OTHER = "host-a:200:1:bbbb"
 REQUEST = '{"amount":4800,"order":"123"}'
@@ -174,20 +177,20 @@ def test_found_returns_it() -> None:
     found = Resolution(f"resolution:1:1:{KEY}", KEY, DEADLINE + 2_000, 1, Verdict.FOUND, "gateway", "found", "re_9",
                        '{"id":"re_9"}', 1)  # fmt: skip
     after = effect(*STATES[State.UNCERTAIN], found)
-    step = after_answer(asked(), after, found, DEADLINE + 2_000, False)
+    step = after_answer(asked(), after, found, DEADLINE + 2_000, False, LANDS_UNTIL)
     assert isinstance(step, ReturnReceipt) and step.effect.state is State.CONFIRMED
 
 
 def test_absent_after_the_old_deadline_executes_with_the_same_key() -> None:
     absent = resolution(Verdict.ABSENT)
     after = effect(*STATES[State.UNCERTAIN], absent)
-    assert after_answer(asked(), after, absent, DEADLINE + 2_000, False) == Execute(2, OTHER)
+    assert after_answer(asked(), after, absent, DEADLINE + 2_000, False, LANDS_UNTIL) == Execute(2, OTHER)
 
 
 def test_unknown_after_the_deadline_is_uncertain_and_nothing_is_sent() -> None:
     unknown = resolution(Verdict.UNKNOWN)
     after = effect(*STATES[State.UNCERTAIN], unknown)
-    step = after_answer(asked(), after, unknown, DEADLINE + 2_000, False)
+    step = after_answer(asked(), after, unknown, DEADLINE + 2_000, False, LANDS_UNTIL)
     assert isinstance(step, Refuse) and isinstance(step.error, EffectUncertain)
     assert step.error.state == State.UNCERTAIN.value
 
@@ -195,15 +198,25 @@ def test_unknown_after_the_deadline_is_uncertain_and_nothing_is_sent() -> None:
 def test_unknown_before_the_deadline_is_in_progress_until_then() -> None:
     unknown = resolution(Verdict.UNKNOWN)
     after = effect(*STATES[State.UNCERTAIN], unknown)
-    step = after_answer(asked(), after, unknown, DEADLINE - 4_000, False)
+    step = after_answer(asked(), after, unknown, DEADLINE - 4_000, False, LANDS_UNTIL)
     assert isinstance(step, Refuse) and isinstance(step.error, EffectInProgress)
-    assert step.error.retry_after_ms == 4_000
+    assert step.error.retry_after_ms == LANDS_UNTIL - (DEADLINE - 4_000)
+
+
+@pytest.mark.parametrize("now", [DEADLINE, DEADLINE + 1_999])
+def test_unknown_while_the_old_call_may_still_land_is_in_progress_until_then(now: int) -> None:
+    """Past the deadline, the earlier call may still take effect for the target's lands_within."""
+    unknown = resolution(Verdict.UNKNOWN)
+    after = effect(*STATES[State.UNCERTAIN], unknown)
+    step = after_answer(asked(), after, unknown, now, False, LANDS_UNTIL)
+    assert isinstance(step, Refuse) and isinstance(step.error, EffectInProgress)
+    assert step.error.retry_after_ms == LANDS_UNTIL - now
 
 
 def test_an_escalating_answer_is_uncertain() -> None:
     escalate = resolution(Verdict.ESCALATE)
     after = effect(*STATES[State.UNCERTAIN], escalate)
-    step = after_answer(asked(), after, escalate, DEADLINE + 2_000, False)
+    step = after_answer(asked(), after, escalate, DEADLINE + 2_000, False, LANDS_UNTIL)
     assert isinstance(step, Refuse) and isinstance(step.error, EffectUncertain)
     assert step.error.state == State.ESCALATED.value
 
@@ -251,4 +264,4 @@ def test_claims_confirmed_across_hosts_are_asked_for_on_every_execution() -> Non
     assert plan(Known(e, None, None, T0, ME, None, True), SPEC) == Execute(2, None, True)
     absent = resolution(Verdict.ABSENT)
     after = effect(*STATES[State.UNCERTAIN], absent)
-    assert after_answer(asked(), after, absent, DEADLINE + 2_000, True) == Execute(2, OTHER, True)
+    assert after_answer(asked(), after, absent, DEADLINE + 2_000, True, LANDS_UNTIL) == Execute(2, OTHER, True)

@@ -179,7 +179,10 @@ def test_uncertain_absent_after_deadline_is_absent(tmp_path: Path) -> None:
         # Before the call's deadline "absent" proves nothing: the request may still land.
         report = await runner.tick()
         assert report.reconciled == {key: "UNCERTAIN"}
-        clock.now = T0 + 10_000
+        # Nor until the target's lands_within has passed since the deadline: not asked again before.
+        clock.now = T0 + 10_000 + Target(TARGET).lands_within_ms - 1
+        assert (await runner.tick()).reconciled == {}
+        clock.now += 1
         report = await runner.tick()
         assert report.reconciled == {key: "ABSENT"}
         effect = await ledger.get(key)

@@ -155,6 +155,7 @@ def test_a_full_valid_file_gives_the_declared_targets(
         lookup = "http://127.0.0.1:{port}/refunds/{{target}}/by-key/{{key}}"
         honours_keys = true
         key_retention = "48h"
+        lands_within = "45s"
         definite_errors = ["{FIXTURE_MODULE}:RefundRejected", "builtins:ValueError"]
         headers = {{ Authorization = "Bearer ${{H2_GATEWAY_TOKEN}}", X-Static = "$plain ${{not closed" }}
         timeout = "5s"
@@ -183,7 +184,7 @@ def test_a_full_valid_file_gives_the_declared_targets(
     assert list(targets) == ["payments", "tickets", "crm", "sms"]
 
     pay = targets["payments"]
-    assert pay.honours_keys is True and pay.retention_s == 48 * 3600
+    assert pay.honours_keys is True and pay.retention_s == 48 * 3600 and pay.lands_within_s == 45.0
     assert pay.definite_errors == (RefundRejected, ValueError)
     assert pay.backoff == Backoff(first_s=2.0, factor=3.0, max_s=600.0, max_tries=7)
     assert pay.receipt_id is not None and pay.receipt_id({"ref": "R-9"}) == "R-9"
@@ -210,6 +211,7 @@ def test_a_full_valid_file_gives_the_declared_targets(
     assert tickets.reconciler.name == f"{FIXTURE_MODULE}:find_ticket"
     assert run(tickets.reconciler.check(view("k-1", "tickets"))) == Found("t-1", {"ticket": "k-1"})
     assert tickets.honours_keys is False and tickets.retention_s == 24 * 3600 and tickets.backoff == Backoff()
+    assert tickets.lands_within_s == 2.0  # the default
 
     crm = targets["crm"]
     assert crm.reconciler is TICKETS and crm.retention_s is None
@@ -284,6 +286,8 @@ BAD = [
      "'headers' applies to an HTTP lookup"),
     ("bad-duration", '[targets.sms]\nlookup = "none"\nkey_retention = "24 hours"\n', 3, "not a duration"),
     ("duration-not-a-string", '[targets.sms]\nlookup = "none"\nkey_retention = 86400\n', 3, "must be a duration"),
+    ("lands-within-not-a-duration", '[targets.sms]\nlookup = "none"\nlands_within = 30\n', 3, "must be a duration"),
+    ("lands-within-too-long", '[targets.sms]\nlookup = "none"\nlands_within = "30d"\n', 3, "at most 7 days"),
     ("duration-zero", '[targets.p]\nlookup = "http://gw/{key}"\ntimeout = "0s"\n', 3, "longer than zero"),
     ("honours-keys-not-bool", '[targets.sms]\nlookup = "none"\nhonours_keys = "yes"\n', 3, "true or false"),
     ("definite-not-a-class", '[targets.sms]\nlookup = "none"\ndefinite_errors = ["h2targets_fixture:NOT_A_CLASS"]\n',

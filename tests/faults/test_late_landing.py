@@ -1,0 +1,145 @@
+"""A call cut off at its deadline may still take effect at the destination afterwards: a request a
+queue or a busy server holds, processed after the caller gave up. "Absent" asked before then proves
+nothing, yet the reconcilers judged it ABSENT as soon as the deadline had passed, and the next
+execute paid a second time (a destination that answers lookups and does not deduplicate keys).
+
+An absent answer is ABSENT only once the call can no longer land: its deadline plus the target's
+``lands_within`` (2 s by default; ``streams.reconcile.judge``). Before that it is an UNKNOWN that
+uses up no try, asked again once it can no longer land (``next_check_ms``), and an ``execute`` that
+asked is refused with ``EffectInProgress`` until then (``plan.after_answer``). The rule is the one
+home of reconciliation, so the embedded runner, the SDK's own asking and the reconciliation
+consumers (``processors/reconcile_service.py``) share it.
+
+Real HTTP on loopback: the demo gateway of kind ``lookup`` in its ``late`` mode (the refund is made
+``delay`` seconds after the request arrived), the real HTTP reconciler, a real ledger file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from effect_ledger.processors.demo.client import GatewayClient
+from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.processors.runner import Runner
+from effect_ledger.streams.errors import EffectInProgress, EffectUncertain
+from effect_ledger.streams.ledger import Ledger
+from effect_ledger.streams.model import State
+from tests.sdk_contract import run
+
+TIMEOUT_S = 0.5
+LATE_S = 1.5  # after the deadline (0.5 s), within the default lands_within (2 s)
+DEADLINE_S = 20.0  # how long a scenario may take at most
+REQUEST = {"order": "123", "amount": 4800}
+
+
+@pytest.fixture
+def gateway() -> Iterator[Gateway]:
+    gw = Gateway("lookup").start()  # answers lookups by key, does not deduplicate them
+    yield gw
+    gw.stop()
+
+
+def targets(tmp_path: Path, gw: Gateway, extra: str = "") -> Path:
+    path = tmp_path / "targets.toml"
+    path.write_text(f'[targets.payments]\nlookup = "{gw.url}/refunds/by-key/{{key}}"\n{extra}')
+    return path
+
+
+async def refund(gw: Gateway, key: str) -> dict[str, object]:
+    async with GatewayClient(gw.url) as client:
+        return await client.refund("123", 4800, idempotency_key=key)
+
+
+async def first_call_cut_off(ledger: Ledger, gw: Gateway) -> str:
+    """Attempt 1 times out while the gateway holds its request: recorded UNCERTAIN."""
+    gw.state.failures.append(("late", LATE_S))
+    with pytest.raises(EffectUncertain) as e:
+        await execute(ledger, gw)
+    return e.value.effect_id
+
+
+async def execute(ledger: Ledger, gw: Gateway):  # type: ignore[no-untyped-def]
+    return await ledger.execute(
+        target="payments", operation="refund.create", run_id="run-1", step="refund-order-123",
+        request=REQUEST, call=lambda key: refund(gw, key), timeout=TIMEOUT_S,
+    )  # fmt: skip
+
+
+async def until_settled(gw: Gateway, key: str) -> None:
+    """Wait for the held request to take effect (the refund exists), with a deadline."""
+    end = time.monotonic() + DEADLINE_S
+    while not gw.refunds():
+        assert time.monotonic() < end, "the gateway never made the held refund"
+        await asyncio.sleep(0.02)
+
+
+def test_the_runner_does_not_judge_absent_while_the_call_may_still_land(tmp_path: Path, gateway: Gateway) -> None:
+    async def body() -> None:
+        async with await Ledger.open(tmp_path / "effects.db", targets=targets(tmp_path, gateway)) as ledger:
+            key = await first_call_cut_off(ledger, gateway)
+            runner = Runner(ledger)
+            end = time.monotonic() + DEADLINE_S
+            states = []
+            while (effect := await ledger.get(key)) is not None and effect.state is State.UNCERTAIN:
+                assert time.monotonic() < end, f"still UNCERTAIN after {DEADLINE_S} s: {states}"
+                states.append((await runner.tick()).reconciled.get(key))
+                await asyncio.sleep(0.05)
+            await until_settled(gateway, key)
+            assert effect is not None
+            # The gateway made the refund after the deadline: the ledger must have found it.
+            assert effect.state is State.CONFIRMED, (effect.state, effect.resolutions)
+            c = await execute(ledger, gateway)
+            assert not c.called and c.receipt_id == gateway.refunds()[0].id
+        assert [r.id for r in gateway.refunds()] == ["re_0001"], "the refund was paid twice"
+
+    run(body())
+
+
+def test_execute_waits_for_the_old_call_to_be_unable_to_land(tmp_path: Path, gateway: Gateway) -> None:
+    async def body() -> None:
+        async with await Ledger.open(tmp_path / "effects.db", targets=targets(tmp_path, gateway)) as ledger:
+            key = await first_call_cut_off(ledger, gateway)
+            refused = []
+            end = time.monotonic() + DEADLINE_S
+            while True:  # the agent retries, as an orchestrator replaying the step would
+                assert time.monotonic() < end, f"never answered after {DEADLINE_S} s: {refused}"
+                try:
+                    c = await execute(ledger, gateway)
+                    break
+                except EffectInProgress as e:  # "ask again in retry_after_ms"
+                    refused.append(e.retry_after_ms)
+                    await asyncio.sleep(min(0.2, (e.retry_after_ms or 100) / 1000))
+            assert refused, "asked while the call could still land, and went on at once"
+            assert not c.called and c.attempt == 1, c
+            assert c.receipt_id == gateway.refunds()[0].id
+            effect = await ledger.get(key)
+            assert effect is not None and effect.state is State.CONFIRMED
+        assert [r.id for r in gateway.refunds()] == ["re_0001"], "the refund was paid twice"
+
+    run(body())
+
+
+def test_a_targets_lands_within_widens_the_window(tmp_path: Path, gateway: Gateway) -> None:
+    """A request held for longer than the default: the declaration says how long it may be."""
+
+    async def body() -> None:
+        path = targets(tmp_path, gateway, 'lands_within = "6s"\n')
+        async with await Ledger.open(tmp_path / "effects.db", targets=path) as ledger:
+            gateway.state.failures.append(("late", 4.0))  # past the default 2 s, within 6 s
+            with pytest.raises(EffectUncertain) as e:
+                await execute(ledger, gateway)
+            key = e.value.effect_id
+            runner = Runner(ledger)
+            end = time.monotonic() + DEADLINE_S
+            while (effect := await ledger.get(key)) is not None and effect.state is State.UNCERTAIN:
+                assert time.monotonic() < end
+                await runner.tick()
+                await asyncio.sleep(0.05)
+            assert effect is not None and effect.state is State.CONFIRMED, (effect.state, effect.resolutions)
+        assert len(gateway.refunds()) == 1
+
+    run(body())
