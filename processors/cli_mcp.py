@@ -26,7 +26,14 @@ from effect_ledger.processors.cli_shared import fail
 @click.option("--lookup-tool", "lookups", multiple=True, metavar="TOOL=LOOKUP", help="a write tool's lookup tool")
 @click.option("--run-id", envvar="EFFECTS_RUN_ID", default=None, help="the run, when the agent passes none in _meta")
 @click.option("--upstream", default=None, metavar="URL", help="a streamable HTTP server instead of a command")
-@click.option("--host", default="127.0.0.1", show_default=True, help="with --upstream: where to listen")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True,
+    help="with --upstream: where to listen; beyond loopback it needs --token",
+)
+@click.option(
+    "--token", envvar="EFFECTS_MCP_TOKEN", default=None,
+    help="with --upstream: every request must carry it in the Effect-Ledger-Token header [env EFFECTS_MCP_TOKEN]",
+)
 @click.option("--port", type=int, default=8765, show_default=True, help="with --upstream: port (0: any free one)")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def mcp_proxy(
@@ -38,6 +45,7 @@ def mcp_proxy(
     run_id: str | None,
     upstream: str | None,
     host: str,
+    token: str | None,
     port: int,
     command: tuple[str, ...],
 ) -> None:
@@ -54,6 +62,13 @@ def mcp_proxy(
 
     if bool(command) == bool(upstream):
         fail("give the server: a command after -- (stdio) or --upstream URL (streamable HTTP), not both")
+    from effect_ledger.streams.config import is_loopback
+
+    if upstream and not is_loopback(host) and not token:
+        fail(
+            f"the proxy would listen on {host}, beyond loopback, without a credential: set --token or "
+            "EFFECTS_MCP_TOKEN (clients send it in the Effect-Ledger-Token header), or listen on 127.0.0.1"
+        )
     flagged = [t for spec in writes for t in spec.split(",")]
     try:
         declared = load_targets(targets_spec)
@@ -83,7 +98,7 @@ def mcp_proxy(
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop.set)
-            await serve_http(calls, upstream, host, port, stop)
+            await serve_http(calls, upstream, host, port, stop, token=token or None)
             return 0
         finally:
             await ledger.close()

@@ -6,10 +6,20 @@ compressed). Only a POST to the MCP endpoint whose body is a write tool's ``tool
 through the ledger, as one ``application/json`` response; the forwarded call carries the agent's
 headers (session id, protocol version, authorization). Notifications the server streams while a
 recorded call runs are not relayed. Bodies are at most ``MAX_MESSAGE_BYTES`` (413 beyond).
+
+Who may use it: on loopback, any local process (like the console's reads). Beyond loopback, the
+proxy refuses to start without a token of its own (``--token`` / ``EFFECTS_MCP_TOKEN``), which every
+request must carry in ``TOKEN_HEADER`` (removed before forwarding: ``Authorization`` belongs to the
+server). A recorded result is the answer to a call identity (see ``policy.call_identity``): calls
+that name no session and no run share the proxy's run only with calls of the same
+``Authorization`` (its digest scopes the run), so one client is never answered with another's
+recorded result by sending the same arguments.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import sys
 import uuid
@@ -34,10 +44,11 @@ from effect_ledger.processors.mcp.wire import (
 )
 
 SESSION_HEADER = "mcp-session-id"
+TOKEN_HEADER = "Effect-Ledger-Token"  # the proxy's own credential (beyond loopback), never forwarded
 NAME_HEADER = "mcp-name"  # mirrors params.name on 2026-07-28 requests: set for the proxy's own calls
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-     "transfer-encoding", "upgrade", "host", "content-length"}
+     "transfer-encoding", "upgrade", "host", "content-length", TOKEN_HEADER.lower()}
 )
 
 
@@ -69,14 +80,20 @@ class _HttpUpstream:
                 ctype = up.headers.get("Content-Type", "")
                 if up.status >= 500 or up.status == 429:
                     raise UpstreamLost(f"the server answered HTTP {up.status}")
+                if up.status >= 400:
+                    # The transport refused the request (no or a wrong credential, an unknown
+                    # session, a bad request): it never reached the tool, whatever the body says. A
+                    # JSON-RPC error in it is not the tool's, so it must not leave the call unknown.
+                    said = _json(await _bounded_body(up))
+                    err = said.get("error") if isinstance(said, dict) else None
+                    detail = f": {err.get('message')}" if isinstance(err, dict) and err.get("message") else ""
+                    return error_response(rid, INVALID_REQUEST, f"the server answered HTTP {up.status}{detail}")
                 if ctype.startswith("text/event-stream"):
                     return await _from_event_stream(up, rid)
                 raw = await _bounded_body(up)
                 msg = _json(raw)
                 if is_response(msg):
                     return {**msg, "id": rid}
-                if up.status >= 400:  # the transport refused the request: it never reached the tool
-                    return error_response(rid, INVALID_REQUEST, f"the server answered HTTP {up.status}")
                 raise UpstreamLost(f"the server answered HTTP {up.status} without a JSON-RPC response")
         except aiohttp.ClientError as e:
             raise UpstreamLost(f"HTTP: {type(e).__name__}: {e}") from e
@@ -114,9 +131,21 @@ def _json(raw: bytes) -> Any:
         return None
 
 
-async def serve_http(calls: WriteCalls, upstream_url: str, host: str, port: int, stop: Any) -> None:
+def caller_scope(authorization: str | None) -> str:
+    """What scopes the proxy's shared run to one caller: a digest of its ``Authorization`` header
+    (never the credential itself, which would land in the ledger), "anonymous" without one."""
+    if not authorization:
+        return "anonymous"
+    return "auth-" + hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+async def serve_http(
+    calls: WriteCalls, upstream_url: str, host: str, port: int, stop: Any, token: str | None = None
+) -> None:
     """Serve the proxy on ``host:port`` until ``stop`` (an ``asyncio.Event``) is set. The MCP
-    endpoint is the upstream URL's path; every other path is forwarded too (OAuth metadata...)."""
+    endpoint is the upstream URL's path; every other path is forwarded too (OAuth metadata...).
+    ``token``: every request must carry it in ``TOKEN_HEADER`` (required beyond loopback: the
+    command refuses to start without one)."""
     parts = urlsplit(upstream_url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise OSError(f"--upstream {upstream_url!r} is not an http(s) URL")
@@ -127,14 +156,22 @@ async def serve_http(calls: WriteCalls, upstream_url: str, host: str, port: int,
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     client = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
 
+    expected = token.encode() if token else None
+
     async def handle(request: web.Request) -> web.StreamResponse:
+        if expected is not None:
+            given = request.headers.get(TOKEN_HEADER, "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(given, expected):
+                refusal = f"effect-ledger: this proxy needs its token in the {TOKEN_HEADER} header"
+                return web.json_response(error_response(None, INVALID_REQUEST, refusal), status=401)
         body = await request.read() if request.can_read_body else b""
         if request.method == "POST" and request.path == endpoint:
             msg = _json(body)
             if calls.is_write_call(msg):
                 session = request.headers.get(SESSION_HEADER)
                 upstream = _HttpUpstream(client, upstream_url, request.headers, pending)
-                run = f"mcp-session:{session}" if session else process_run
+                scope = caller_scope(request.headers.get("Authorization"))
+                run = f"mcp-session:{session}" if session else f"{process_run}:{scope}"
                 answer = await calls.handle(msg, upstream, run)
                 return web.Response(body=encode(answer), content_type="application/json")
             if isinstance(msg, list) and any(calls.is_write_call(m) for m in msg):
