@@ -39,27 +39,35 @@ console = out  # the demos print through the commands' one console
 
 
 def metrics_options(fn: Any) -> Any:
-    """``--metrics-port`` / ``--metrics-host``: serve Prometheus ``/metrics`` (the [metrics] extra)."""
+    """``--metrics-port`` / ``--metrics-host`` / ``--metrics-token``: serve Prometheus ``/metrics``
+    (the [metrics] extra); beyond loopback only with the token."""
+    fn = click.option(
+        "--metrics-token",
+        envvar="EFFECTS_METRICS_TOKEN",
+        default=None,
+        help="scrapers must send 'Authorization: Bearer TOKEN'; needed beyond loopback [env EFFECTS_METRICS_TOKEN]",
+    )(fn)
     fn = click.option(
         "--metrics-host",
         default="127.0.0.1",
         show_default=True,
-        help="address /metrics listens on; anything but loopback exposes it to the network",
+        help="address /metrics listens on; beyond loopback it needs --metrics-token",
     )(fn)
     return click.option(
         "--metrics-port", type=PORT, default=None, help="serve Prometheus /metrics on this port (needs [metrics])"
     )(fn)
 
 
-def _metrics(port: int | None, host: str, feature: str) -> Any:
+def _metrics(port: int | None, host: str, feature: str, token: str | None) -> Any:
     """The process's ``LedgerMetrics``, served on ``host:port``; ``None`` without a port. Checked
-    before anything else starts: a missing extra or a port in use is one line and exit 1."""
+    before anything else starts: a missing extra, a port in use or an address beyond loopback
+    without a token is one line and exit 1."""
     if port is None:
         return None
     from effect_ledger.streams.metrics import LedgerMetrics
 
     m = LedgerMetrics(feature=feature)  # a LedgerError ends the command at the boundary
-    m.serve(port, host)
+    m.serve(port, host, token or None)
     return m
 
 
@@ -242,10 +250,11 @@ def run(
     once: bool,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_token: str | None,
 ) -> None:
     """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
     targets = list(_targets(targets_spec).values())
-    metrics = _metrics(metrics_port, metrics_host, "effects run --metrics-port")
+    metrics = _metrics(metrics_port, metrics_host, "effects run --metrics-port", metrics_token)
     from effect_ledger.processors.runner import Runner
     from effect_ledger.streams.ledger import Ledger
 
@@ -337,6 +346,7 @@ def worker(
     drain_s: float | None,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_token: str | None,
 ) -> None:
     """The ledger processor: fold effects.events into the table, publish effects.state and
     effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
@@ -362,6 +372,10 @@ def worker(
     if drain_s is not None:
         settings.drain_s = drain_s
     settings.check_web()  # before anything is contacted or started
+    if metrics_port is not None:  # likewise (and once, not by each worker of --processes)
+        from effect_ledger.streams.metrics_http import check_exposure
+
+        check_exposure(metrics_host, metrics_token)
     ready(cfg, 30)
     ensure_topics(cfg)
     # A drifted effects.state (not compacted, ...) or partition count: one line, nothing started.
@@ -371,8 +385,8 @@ def worker(
 
         if advertised_url:
             fail("--advertised-url names one worker: with --processes, each worker is reached on its own port")
-        sys.exit(run_pool(settings, processes, loglevel, metrics_port, metrics_host))
-    metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port")
+        sys.exit(run_pool(settings, processes, loglevel, metrics_port, metrics_host, metrics_token))
+    metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port", metrics_token)
     run_worker(settings, loglevel=loglevel, metrics=metrics)
 
 
@@ -391,6 +405,7 @@ def reconcile(
     group: str,
     metrics_port: int | None,
     metrics_host: str,
+    metrics_token: str | None,
 ) -> None:
     """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
     Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
@@ -400,7 +415,7 @@ def reconcile(
     from effect_ledger.processors.reconcile_service import ReconcileService
 
     cfg = ready(KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions), 30)
-    metrics = _metrics(metrics_port, metrics_host, "effects reconcile --metrics-port")
+    metrics = _metrics(metrics_port, metrics_host, "effects reconcile --metrics-port", metrics_token)
 
     async def go() -> None:
         stop = asyncio.Event()

@@ -26,7 +26,9 @@ def child_settings(settings: ProcessorSettings, i: int) -> ProcessorSettings:
     return dataclasses.replace(settings, data_dir=settings.data_dir / f"worker-{i}", web_port=settings.web_port + i)
 
 
-def _child(settings: ProcessorSettings, loglevel: str, metrics_port: int | None, metrics_host: str) -> None:
+def _child(
+    settings: ProcessorSettings, loglevel: str, metrics_port: int | None, metrics_host: str, metrics_token: str | None
+) -> None:
     from effect_ledger.processors.worker import run_worker
 
     metrics = None
@@ -34,19 +36,21 @@ def _child(settings: ProcessorSettings, loglevel: str, metrics_port: int | None,
         from effect_ledger.streams.metrics import LedgerMetrics
 
         metrics = LedgerMetrics(feature="effects worker --metrics-port")
-        metrics.serve(metrics_port, metrics_host)
+        metrics.serve(metrics_port, metrics_host, metrics_token)
     run_worker(settings, loglevel=loglevel, metrics=metrics)
 
 
 def run_pool(settings: ProcessorSettings, processes: int, loglevel: str = "warning",
-             metrics_port: int | None = None, metrics_host: str = "127.0.0.1") -> int:  # fmt: skip
+             metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
+             metrics_token: str | None = None) -> int:  # fmt: skip
     """Run ``processes`` workers until SIGTERM/SIGINT (passed on to each) or until one exits (the
     others are stopped then). Returns the exit status: 0 after a signal, else the first child's."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each: faust owns its event loop
     children = []
     for i in range(processes):
         port = metrics_port + i if metrics_port is not None else None
-        p = ctx.Process(target=_child, args=(child_settings(settings, i), loglevel, port, metrics_host), daemon=False)
+        args = (child_settings(settings, i), loglevel, port, metrics_host, metrics_token)
+        p = ctx.Process(target=_child, args=args, daemon=False)
         p.start()
         children.append(p)
     stopping = False

@@ -116,17 +116,15 @@ class LedgerMetrics:
     def __getattr__(self, name: str) -> Any:  # the collectors are set in __init__, by name
         raise AttributeError(name)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> Any:
-        """Serve ``/metrics`` on ``host:port`` from a daemon thread (loopback unless told).
-        Returns the HTTP server (``.shutdown()`` stops it; ``.server_port`` is the bound port)."""
-        pc = _client("the metrics endpoint")
-        try:
-            server, _thread = pc.start_http_server(port, addr=host, registry=self.registry)
-        except OSError as e:
-            from effect_ledger.streams.errors import ConfigError
+    def serve(self, port: int, host: str = "127.0.0.1", token: str | None = None) -> Any:
+        """Serve ``/metrics`` on ``host:port`` from a daemon thread: loopback unless told, and
+        beyond loopback only with ``token``, which scrapers send as ``Authorization: Bearer TOKEN``
+        (``effect_ledger.streams.metrics_http``). Returns the HTTP server (``.shutdown()`` stops
+        it; ``.server_port`` is the bound port)."""
+        _client("the metrics endpoint")
+        from effect_ledger.streams.metrics_http import serve_metrics
 
-            raise ConfigError(f"cannot serve metrics on {host}:{port}: {e.strerror or e}") from None
-        return server
+        return serve_metrics(self.registry, port, host, token)
 
 
 def exported_names() -> set[str]:
