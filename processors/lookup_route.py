@@ -34,7 +34,12 @@ def authorized(token: str | None, authorization: str) -> bool:
     carries it."""
     if not token:
         return True
-    return hmac.compare_digest(authorization.encode(), f"Bearer {token}".encode())
+    # aiohttp hands a header's bytes that are not UTF-8 over as lone surrogates (``\xff`` is
+    # ``\udcff``), which a strict ``encode()`` refuses: ``surrogatepass`` turns any str into bytes,
+    # and such a header then simply does not match (401, not a 500).
+    return hmac.compare_digest(
+        authorization.encode("utf-8", "surrogatepass"), f"Bearer {token}".encode("utf-8", "surrogatepass")
+    )
 
 
 @dataclass

@@ -148,7 +148,13 @@ async def audit_view(request: web.Request) -> web.Response:
 
 
 async def resolve_view(request: web.Request) -> web.Response:
-    form = await request.post()
+    try:
+        form = await request.post()
+    except (ValueError, LookupError) as e:
+        # aiohttp decodes the body with the charset the request names (LookupError for an unknown
+        # one, UnicodeDecodeError for bytes it does not hold) and raises ValueError for a malformed
+        # multipart body.
+        raise BadInput(f"the form could not be read: {e}") from None
     fields = {k: str(form.get(k, "")).strip() for k in ("key", "decision", "reason", "receipt_id", "user", "secret")}
     key = fields["key"]
     try:
@@ -165,6 +171,11 @@ async def _decide(request: web.Request, fields: dict[str, str], authorization: s
     command line's function. The operator is the basic-auth user, or the name given with a token."""
     creds = request.app[CREDENTIALS]
     user = creds.identity(authorization, fields.get("user", ""), fields.get("secret", ""))
+    for name, value in fields.items():
+        try:
+            value.encode()
+        except UnicodeEncodeError:  # a lone surrogate (JSON "\ud800"): the ledger cannot store it
+            raise BadInput(f"{name!r} is not text: it holds a lone surrogate") from None
     by = user or fields.get("by") or fields.get("user", "")
     if not by:
         raise BadInput("say who decides: a name beside the token")
@@ -234,6 +245,19 @@ async def api_audit(request: web.Request) -> web.Response:
     return web.json_response(json.loads(report.to_json()))
 
 
+def _unreadable(e: Exception) -> str:
+    """Why ``request.json()`` could not read a body, in a few words."""
+    if isinstance(e, json.JSONDecodeError):
+        return str(e)
+    if isinstance(e, UnicodeDecodeError):
+        return "the body is not text in its charset"
+    if isinstance(e, LookupError):  # the Content-Type names a charset Python does not know
+        return str(e)
+    if isinstance(e, RecursionError):  # 16 KiB of brackets nests deeper than the recursion limit
+        return "nested too deeply"
+    return "a number too long (over 4300 digits)"  # int()'s limit: json raises no other ValueError
+
+
 async def api_resolve(request: web.Request) -> web.Response:
     auth = request.headers.get("Authorization")
     request.app[CREDENTIALS].identity(auth)  # 401 before the body is even read
@@ -243,8 +267,8 @@ async def api_resolve(request: web.Request) -> web.Response:
         raise BadInput("the body must be application/json")
     try:
         body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise BadInput("the body must be a JSON object") from None
+    except (ValueError, LookupError, RecursionError) as e:
+        raise BadInput(f"the body must be a JSON object: {_unreadable(e)}") from None
     if not isinstance(body, dict):
         raise BadInput("the body must be a JSON object")
     fields = {k: str(v) for k, v in body.items() if isinstance(v, str | int)}

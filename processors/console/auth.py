@@ -5,8 +5,9 @@ Without either the console is read-only. Comparisons are constant-time."""
 from __future__ import annotations
 
 import base64
-import binascii
 import hmac
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,6 +18,13 @@ MAX_AUTH_FILE_BYTES = 64 * 1024
 
 class Unauthorized(Exception):
     """Credentials were needed and the request's were missing or wrong (401)."""
+
+
+def _bytes(text: str) -> bytes:
+    """``text`` as bytes to compare. aiohttp hands a header's bytes that are not UTF-8 over as lone
+    surrogates (``Bearer \\xff`` is ``'Bearer \\udcff'``), which a strict ``encode()`` refuses:
+    ``surrogatepass`` turns any str into bytes, and such a header then simply does not match."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)
@@ -30,10 +38,10 @@ class Credentials:
 
     def check_password(self, user: str, password: str) -> bool:
         expected = self.users.get(user)
-        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
+        return expected is not None and hmac.compare_digest(_bytes(expected), _bytes(password))
 
     def check_token(self, token: str) -> bool:
-        return bool(self.token) and hmac.compare_digest(self.token.encode(), token.encode())  # type: ignore[union-attr]
+        return bool(self.token) and hmac.compare_digest(_bytes(self.token or ""), _bytes(token))
 
     def identity(self, authorization: str | None, user: str = "", secret: str = "") -> str | None:
         """The authenticated user name from an ``Authorization`` header (Bearer or Basic) or from a
@@ -48,7 +56,7 @@ class Credentials:
             if scheme.lower() == "basic":
                 try:
                     u, _, p = base64.b64decode(value.strip(), validate=True).decode().partition(":")
-                except (binascii.Error, UnicodeDecodeError):
+                except ValueError:  # not base64 (binascii.Error), not ASCII, not UTF-8 once decoded
                     raise Unauthorized("malformed basic credentials") from None
                 if self.check_password(u, p):
                     return u
@@ -61,12 +69,20 @@ class Credentials:
 
 
 def load_users(path: str) -> dict[str, str]:
-    """``user:password`` per line; a missing, oversized or malformed file is a ``ConfigError``."""
+    """``user:password`` per line; a missing, oversized, non-regular or malformed file is a
+    ``ConfigError``."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_AUTH_FILE_BYTES:
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait for ever. The size is
+        # bounded by what is read, not by st_size, which is 0 for a device such as /dev/zero.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"{p}: a basic-auth file must be a regular file")
+            data = f.read(MAX_AUTH_FILE_BYTES + 1)
+        if len(data) > MAX_AUTH_FILE_BYTES:
             raise ConfigError(f"{p}: a basic-auth file is at most {MAX_AUTH_FILE_BYTES} bytes")
-        text = p.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read the basic-auth file {p}: {e}") from None
     users = {}

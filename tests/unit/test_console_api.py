@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import sqlite3
 import urllib.error
 import urllib.parse
@@ -125,6 +126,10 @@ BAD = {
     "malformed to": ({"to": "2026-13-45"}, "not a time: '2026-13-45'"),
     "time out of range": ({"from": "-100000d"}, "out of range"),
     "malformed duration": ({"older_than": "ten minutes"}, "not a duration"),
+    # int() refuses these digits, or over 4300 of them: a plain ValueError, a 500, before.
+    "unicode digits": ({"from": "²" * 12}, "ASCII digits only"),
+    "5000 digits": ({"to": "1" * 5000}, "5000 characters, at most 64"),
+    "unicode duration": ({"older_than": "²s"}, "not a duration"),
 }
 
 
@@ -137,7 +142,7 @@ def test_bad_input_is_a_400_from_the_api(url: str, api: str, case: str) -> None:
 
 
 @pytest.mark.parametrize("page", ["/", "/stuck", "/audit"])
-@pytest.mark.parametrize("case", ["from after to", "unknown state", "malformed from"])
+@pytest.mark.parametrize("case", ["from after to", "unknown state", "malformed from", "unicode digits", "5000 digits"])
 def test_bad_input_is_a_message_on_the_page(url: str, page: str, case: str) -> None:
     params, message = BAD[case]
     status, text = call(url, f"{page}?{q(**params)}")
@@ -154,8 +159,10 @@ def basic(user: str, password: str) -> str:
 
 @pytest.mark.parametrize(
     "auth",
-    [None, "Bearer wrong", basic("alice", "wrong"), basic("mallory", "wonderland"), "Basic !!!", "Digest x"],
-)
+    # A byte that is not UTF-8 (sent as latin-1 by http.client) reaches the app as a lone surrogate.
+    [None, "Bearer wrong", basic("alice", "wrong"), basic("mallory", "wonderland"), "Basic !!!", "Digest x",
+     "Bearer \xff", "Basic \xff", f"Bearer {TOKEN}\xff"],
+)  # fmt: skip
 def test_wrong_credentials_are_a_401_and_nothing_is_written(url: str, ledger: ConsoleLedger, auth: str | None) -> None:
     before = written(ledger.path)
     body = {"key": ledger.escalated, "decision": "ABANDONED", "reason": "r", "by": "someone"}
@@ -189,6 +196,50 @@ def test_an_incomplete_decision_is_a_400(url: str, ledger: ConsoleLedger, body: 
     full = {"key": ledger.escalated, **body} if message != "no effect key" else body
     status, text = call(url, "/api/resolve", full, f"Bearer {TOKEN}")
     assert status == 400 and message in json.loads(text)["error"]
+    assert written(ledger.path) == before
+
+
+def post(url: str, path: str, data: bytes, content_type: str, auth: str | None = None) -> tuple[int, str]:
+    """A body as it is, with the Content-Type as it is."""
+    headers = {"Content-Type": content_type, **({"Authorization": auth} if auth else {})}
+    req = urllib.request.Request(url + path, data=data, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+DECISION = b'"decision": "ABANDONED", "reason": "r", "by": "bob"'
+UNREADABLE_JSON = {
+    "a 5000-digit number": (b'{"key": 1' + b"1" * 5000 + b", " + DECISION + b"}", "a number too long"),
+    "a lone surrogate in the key": (b'{"key": "\\ud800", ' + DECISION + b"}", "'key' is not text"),
+    "a lone surrogate in the reason": (
+        b'{"key": "k", "decision": "ABANDONED", "reason": "\\udfff", "by": "bob"}', "'reason' is not text"
+    ),
+    "nested deeper than the recursion limit": (b"[" * 8000 + b"]" * 8000, "nested too deeply"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(UNREADABLE_JSON))
+def test_json_python_cannot_read_is_a_400(url: str, ledger: ConsoleLedger, case: str) -> None:
+    before = written(ledger.path)
+    data, message = UNREADABLE_JSON[case]
+    status, text = post(url, "/api/resolve", data, "application/json", f"Bearer {TOKEN}")
+    assert status == 400 and message in json.loads(text)["error"], text
+    assert written(ledger.path) == before
+
+
+def test_a_body_in_an_unknown_charset_is_a_400(url: str, ledger: ConsoleLedger) -> None:
+    before = written(ledger.path)
+    form = urllib.parse.urlencode({"key": ledger.escalated, "decision": "ABANDONED", "reason": "r",
+                                   "user": "alice", "secret": "wonderland"}).encode()  # fmt: skip
+    status, text = post(url, "/resolve", form, "application/x-www-form-urlencoded; charset=bogus")
+    assert status == 400 and "the form could not be read: unknown encoding: bogus" in text
+    status, text = post(url, "/resolve", b"--x\r\n\r\nzzz\r\n--x--\r\n", "multipart/form-data; boundary=x")
+    assert status == 400 and "the form could not be read" in text  # a part without a name
+    status, text = post(url, "/api/resolve", b"{}", "application/json; charset=bogus", f"Bearer {TOKEN}")
+    assert status == 400 and "unknown encoding: bogus" in json.loads(text)["error"]
     assert written(ledger.path) == before
 
 
@@ -242,6 +293,8 @@ def test_beyond_loopback_every_page_needs_the_credentials(ledger: ConsoleLedger)
             status, _ = call(base, path)
             assert status == 401, path
             assert call(base, path, auth="Bearer wrong")[0] == 401
+            assert call(base, path, auth="Bearer \xff")[0] == 401
+            assert call(base, path, auth="Basic \xff")[0] == 401
         assert call(base, "/api/effects", auth=f"Bearer {TOKEN}")[0] == 200
         assert call(base, "/", auth=basic("alice", "wonderland"))[0] == 200
 
@@ -251,3 +304,23 @@ def test_a_malformed_basic_auth_file_is_one_line(ledger: ConsoleLedger, tmp_path
     f.write_text("alice\n")
     r = CliRunner().invoke(main, ["console", "--db", str(ledger.path), "--basic-auth-file", str(f)])
     assert r.exit_code == 1 and r.output.strip() == f"effects: {f} line 1: expected user:password"
+
+
+@pytest.mark.timeout(60)  # a FIFO with no writer held the console's start for ever
+@pytest.mark.parametrize("kind", ["/dev/zero", "a FIFO"])
+def test_a_basic_auth_file_that_is_not_a_regular_file_is_one_line(
+    ledger: ConsoleLedger, tmp_path: Path, kind: str
+) -> None:
+    """/dev/zero has st_size 0: the console read it without bound (gigabytes in seconds)."""
+    path = Path("/dev/zero") if kind == "/dev/zero" else tmp_path / "users"
+    if kind == "a FIFO":
+        os.mkfifo(path)
+    r = CliRunner().invoke(main, ["console", "--db", str(ledger.path), "--basic-auth-file", str(path)])
+    assert r.exit_code == 1 and r.output.strip() == f"effects: {path}: a basic-auth file must be a regular file"
+
+
+def test_an_oversized_basic_auth_file_is_one_line(ledger: ConsoleLedger, tmp_path: Path) -> None:
+    f = tmp_path / "users"
+    f.write_text("alice:wonderland\n" * 4000)
+    r = CliRunner().invoke(main, ["console", "--db", str(ledger.path), "--basic-auth-file", str(f)])
+    assert r.exit_code == 1 and r.output.strip() == f"effects: {f}: a basic-auth file is at most 65536 bytes"

@@ -260,6 +260,13 @@ def test_lookup_refusals_token_starting_and_not_owner() -> None:
     assert authorized(None, "") and not authorized("s", "Bearer t")
 
 
+def test_a_lookup_token_that_is_not_utf8_is_a_401() -> None:
+    """aiohttp hands the header ``Bearer \\xff`` over as ``'Bearer \\udcff'``: a 401, not a 500."""
+    p = partition_for(KEY.encode(), 3)
+    assert asyncio.run(route({p: (9, -1)}, None, token="s").get(KEY, "Bearer \udcff"))[0] == 401
+    assert not authorized("s", "Bearer s\udcff") and not authorized("s", "Bearer \ud800")
+
+
 def test_the_folds_raw_schema_gives_what_fausts_raw_serializers_give(tmp_path: Path) -> None:
     """The fold's source topic reads records with ``processor.RawSchema``: the same key and value as
     faust's own schema with the raw serializers, for bytes, empty bytes, None and a memoryview."""
