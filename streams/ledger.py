@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,9 +45,11 @@ from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.effect import Effect, decision_refusal, expire
 from effect_ledger.streams.erasure import FileKeyring, Keyring
 from effect_ledger.streams.errors import (
+    ConfigError,
     DecisionRefused,
     InvalidEffect,
     LedgerClosed,
+    TargetsError,
     UnknownEffect,
 )
 from effect_ledger.streams.executor import Call, Executor
@@ -169,6 +172,7 @@ class Ledger:
         letters) on the application's own registry, to serve as it likes; ``metrics_port`` serves
         one on ``127.0.0.1:PORT/metrics`` until ``close``.
         """
+        path, level = _checked_open(path, durability, targets)  # typed errors, nothing touched yet
         declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
         if kafka is not None:
             require("kafka", "Ledger.open(kafka=...)")  # likewise a missing Kafka client
@@ -179,7 +183,7 @@ class Ledger:
             if metrics is None:
                 metrics = LedgerMetrics(feature="Ledger.open(metrics_port=...)")
             server = metrics.serve(metrics_port)
-        store = await Store.open(path, Durability(durability))
+        store = await Store.open(path, level)
         relay: Relay | None = None
         keyring: Keyring | None = None
         if kafka is not None:
@@ -321,7 +325,7 @@ class Ledger:
 
     async def expire(self, key: str) -> Effect | None:
         """Fire the effect's deadline if it has passed (a Timeout event: it becomes UNCERTAIN)."""
-        effect = (await self._store.load(key)).effect
+        effect = (await self._store.load(check_key(key))).effect
         if effect is None:
             return None
         timeouts = expire(effect, self._clock())
@@ -392,8 +396,9 @@ class Ledger:
         return await self._executor.record(before, [ev])
 
     async def get(self, key: str) -> Effect | None:
-        """The effect of ``key`` as this file knows it (None: unknown)."""
-        return (await self._store.load(key)).effect
+        """The effect of ``key`` as this file knows it (None: unknown). ``InvalidEffect`` for
+        something no effect can have as its key (every key written was checked the same way)."""
+        return (await self._store.load(check_key(key))).effect
 
     # -- decorator form ----------------------------------------------------------------------
 
@@ -463,3 +468,22 @@ def _enum(cls: type[E], kind: str, value: object) -> E:
 
 
 __all__ = ["Ledger", "Confirmation", "DEFAULT_TIMEOUT_S", "bind_request"]
+
+
+def _checked_open(path: object, durability: object, targets: object) -> tuple[str, Durability]:
+    """``Ledger.open``'s arguments of the wrong kind, as typed errors (``ConfigError``,
+    ``TargetsError``) rather than a ``TypeError`` or ``ValueError`` from deeper down."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"the ledger path must be a str or os.PathLike, not {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise ConfigError("the ledger path must be text, not bytes")
+    if not text or "\0" in text:
+        raise ConfigError(f"the ledger path {text!r} is empty or holds a NUL character")
+    try:
+        level = Durability(durability)  # type: ignore[arg-type]  # any value: a wrong one is refused below
+    except ValueError:
+        raise ConfigError(f"durability must be one of {', '.join(Durability)}, not {durability!r}") from None
+    if targets is not None and not isinstance(targets, str | os.PathLike | Iterable):
+        raise TargetsError(f"targets must be a targets file, 'module:NAME' or a list of Target, not {targets!r}")
+    return text, level

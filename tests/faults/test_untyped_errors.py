@@ -222,3 +222,46 @@ def test_open_refuses_a_foreign_file_without_modifying_it(tmp_path: Path, kind: 
     assert _snapshot(path) == before  # same bytes, same mtime, no -wal / -shm / -journal left
     if mode is not None:
         assert _journal_mode(path) == mode
+
+
+# --- reads and Ledger.open with arguments of the wrong kind (a hostile probe, later) ------------------
+
+
+@pytest.mark.parametrize("key", [SURROGATE, "payments:" + SURROGATE, 42, "", "a b"])
+def test_get_and_expire_with_what_cannot_be_a_key_are_invalid_effect(tmp_path: Path, key: Any) -> None:
+    """Before: ``get("\\ud800")`` and ``expire("\\ud800")`` escaped as ``UnicodeEncodeError``."""
+
+    async def body() -> None:
+        ledger = await open_ledger(str(tmp_path / "l.db"))
+        try:
+            for read in (ledger.get, ledger.expire):
+                with pytest.raises(InvalidEffect):
+                    await read(key)
+        finally:
+            await ledger.close()
+
+    run(body())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "says"),
+    [
+        ({"path": 42}, errors.ConfigError, "str or os.PathLike"),
+        ({"path": b"/tmp/x.db"}, errors.ConfigError, "str or os.PathLike"),
+        ({"path": "{tmp}/a\0b.db"}, errors.ConfigError, "NUL"),
+        ({"path": ""}, errors.ConfigError, "empty"),
+        ({"durability": "BOGUS"}, errors.ConfigError, "durability must be one of NORMAL, FULL"),
+        ({"targets": 5}, errors.TargetsError, "targets must be"),
+    ],
+    ids=["int-path", "bytes-path", "nul-in-path", "empty-path", "durability", "targets-int"],
+)
+def test_open_with_arguments_of_the_wrong_kind_is_a_typed_error(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[LedgerError], says: str
+) -> None:
+    """Before: ``ValueError`` (durability, a NUL) or ``TypeError`` (the path's or the targets' type)."""
+    args = {"path": str(tmp_path / "l.db"), "targets": [Target(TARGET)], **kwargs}
+    if isinstance(args["path"], str):
+        args["path"] = args["path"].format(tmp=tmp_path)
+    with pytest.raises(error, match=says):
+        run(Ledger.open(args.pop("path"), **args))
+    assert os.listdir(tmp_path) == []  # nothing created
