@@ -317,7 +317,9 @@ def uncertain_event(effect: Effect) -> UncertainEffect:
         request_digest=i.request_digest if i else "",
         reason=effect.reason or "uncertain",
         intent_at_ms=first.at_ms if first else effect.created_ms,
-        deadline_ms=i.deadline_ms if i else effect.created_ms,
+        # The attempt's latest deadline: a lost claim's intent may carry a later one, and its call
+        # may still land until then (reconcilers judge "absent" against it).
+        deadline_ms=attempt_deadline_ms(effect, effect.attempt) or (i.deadline_ms if i else effect.created_ms),
         tries=tries,
         executed=any(
             isinstance(f, Executed) and f.outcome is Outcome.OK and f.attempt == effect.attempt for f in effect.facts

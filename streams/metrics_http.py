@@ -7,7 +7,8 @@ open (a client that sends nothing holds its thread for ever). Here:
 * beyond loopback only with a bearer token (``Authorization: Bearer TOKEN``, as Prometheus's
   ``authorization`` scrape setting sends it); ``ConfigError`` otherwise, before anything listens;
 * at most ``MAX_CONNECTIONS`` connections at once (more are closed at once), each given
-  ``IO_TIMEOUT_S`` to send its request and take the answer;
+  ``IO_TIMEOUT_S`` in all to send its request and take the answer (a client that sends a header
+  line now and then is closed all the same), and a request per connection;
 * ``GET /metrics`` (and ``/``) only; http.server's own bounds hold for the request: a line of at
   most 64 KiB, at most 100 headers.
 """
@@ -70,6 +71,28 @@ class MetricsServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: MetricsServer
     timeout = IO_TIMEOUT_S  # StreamRequestHandler sets it on the socket: a silent client is let go
+
+    def setup(self) -> None:
+        super().setup()
+        self.close_connection = True  # one request per connection: the deadline below is its whole life
+        # A read timeout alone restarts with every byte: the connection's whole life is bounded too.
+        # Shutting the socket down wakes the read it is blocked in; the handler then ends.
+        self._deadline = threading.Timer(self.timeout, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        try:
+            super().finish()
+        except OSError:
+            pass  # the connection was cut (its deadline) or dropped: nothing left to flush to it
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # a scrape every few seconds is not news

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from effect_ledger.streams.bodies import BodyPolicy
 from effect_ledger.streams.effect import DECISION_GRACE_MS, Effect, attempt_deadline_ms, uncertain_event
-from effect_ledger.streams.errors import DefiniteFailure
+from effect_ledger.streams.errors import DefiniteFailure, TargetsError
 from effect_ledger.streams.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
 from effect_ledger.streams.model import Resolution, UncertainEffect, Verdict
 
@@ -129,6 +129,10 @@ class Backoff:
         return int(min(self.max_s, delay) * 1000)
 
 
+#: The longest ``Target.lands_within_s``: a call that may land a week late is a queue to reconcile by hand.
+MAX_LANDS_WITHIN_S = 7 * 86400.0
+
+
 @dataclass(frozen=True)
 class Target:
     """How effect-ledger treats one destination.
@@ -155,6 +159,13 @@ class Target:
     timeout_s: float | None = None
     body: BodyPolicy = field(default_factory=BodyPolicy)  # what of a request is recorded (bodies.py)
     lands_within_s: float = DECISION_GRACE_MS / 1000
+
+    def __post_init__(self) -> None:
+        w = self.lands_within_s
+        if not isinstance(w, int | float) or not 0 <= w <= MAX_LANDS_WITHIN_S:  # NaN fails both
+            raise TargetsError(
+                f"target {self.name!r}: lands_within_s must be between 0 and {MAX_LANDS_WITHIN_S:g} s, not {w!r}"
+            )
 
     @property
     def lands_within_ms(self) -> int:
@@ -291,8 +302,9 @@ _EARLY = ":early:"
 
 def answered_too_early(resolution: Resolution) -> bool:
     """Whether ``resolution`` is an "absent" given while the call could still land (``judge``
-    recorded it as an unknown that used up no try)."""
-    return _EARLY in resolution.event_id
+    recorded it as an unknown that used up no try): its event id is exactly that of one."""
+    r = resolution
+    return r.event_id == f"resolution:{r.attempt}:{r.tries}{_EARLY}{r.effect_id}"
 
 
 def last_resolution(effect: Effect) -> Resolution | None:

@@ -53,11 +53,10 @@ from effect_ledger.streams.effect import DECISION_GRACE_MS
 from effect_ledger.streams.errors import TargetsError
 from effect_ledger.streams.http_reconciler import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.streams.keys import check_name
-from effect_ledger.streams.reconcile import Backoff, CallableReconciler, Reconciler, Target
+from effect_ledger.streams.reconcile import MAX_LANDS_WITHIN_S, Backoff, CallableReconciler, Reconciler, Target
 from effect_ledger.streams.timeparse import TimeSpecError, duration_ms
 
 ENV_VAR = "EFFECTS_TARGETS"
-MAX_LANDS_WITHIN_S = 7 * 86400  # a call that may land a week late is a queue to reconcile by hand
 BODY_SETTINGS = ("body", "redact", "subject")  # what of a request is recorded: effect_ledger.streams.bodies
 MAX_FILE_BYTES = 1 << 20  # a declaration, not a data set
 NONE = "none"

@@ -10,15 +10,15 @@ recorded call runs are not relayed. Bodies are at most ``MAX_MESSAGE_BYTES`` (41
 Who may use it: on loopback, any local process (like the console's reads). Beyond loopback, the
 proxy refuses to start without a token of its own (``--token`` / ``EFFECTS_MCP_TOKEN``), which every
 request must carry in ``TOKEN_HEADER`` (removed before forwarding: ``Authorization`` belongs to the
-server). A recorded result is the answer to a call identity (see ``policy.call_identity``): calls
-that name no session and no run share the proxy's run only with calls of the same
-``Authorization`` (its digest scopes the run), so one client is never answered with another's
-recorded result by sending the same arguments.
+server). A recorded result is the answer to a call identity (``policy.call_identity``), whoever
+retries it: a key never depends on a caller's credential, which may change between retries (a
+refreshed OAuth token) and must not make a retry a second execution. So before a recorded result
+is returned without calling the tool, the server is asked (a ``ping`` with the caller's headers)
+whether it accepts this caller at all: a caller it refuses (401, 403) gets a refusal, not the result.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import sys
@@ -31,7 +31,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from effect_ledger.processors.mcp.calls import WriteCalls
+from effect_ledger.processors.mcp.calls import EFFECT_META, WriteCalls
 from effect_ledger.processors.mcp.wire import (
     INVALID_REQUEST,
     MAX_MESSAGE_BYTES,
@@ -81,13 +81,13 @@ class _HttpUpstream:
                 if up.status >= 500 or up.status == 429:
                     raise UpstreamLost(f"the server answered HTTP {up.status}")
                 if up.status >= 400:
-                    # The transport refused the request (no or a wrong credential, an unknown
-                    # session, a bad request): it never reached the tool, whatever the body says. A
-                    # JSON-RPC error in it is not the tool's, so it must not leave the call unknown.
                     said = _json(await _bounded_body(up))
-                    err = said.get("error") if isinstance(said, dict) else None
-                    detail = f": {err.get('message')}" if isinstance(err, dict) and err.get("message") else ""
-                    return error_response(rid, INVALID_REQUEST, f"the server answered HTTP {up.status}{detail}")
+                    if _answers(said, rid):  # the server's own answer to this call: judged like any
+                        return {**said, "id": rid}
+                    # Anything else (an OAuth 401 body, a proxy's error page) is the transport
+                    # refusing the request: it never reached the tool, so the call is refused, not
+                    # of unknown outcome (which would leave the key UNCERTAIN for its rightful caller).
+                    return error_response(rid, INVALID_REQUEST, f"the server answered HTTP {up.status}")
                 if ctype.startswith("text/event-stream"):
                     return await _from_event_stream(up, rid)
                 raw = await _bounded_body(up)
@@ -97,6 +97,22 @@ class _HttpUpstream:
                 raise UpstreamLost(f"the server answered HTTP {up.status} without a JSON-RPC response")
         except aiohttp.ClientError as e:
             raise UpstreamLost(f"HTTP: {type(e).__name__}: {e}") from e
+
+
+    async def refuses_caller(self) -> str | None:
+        """Why the server will not serve this agent request's caller (None: it will): a ``ping``
+        with the request's headers, answered 401 or 403, or not answered at all."""
+        headers = self._headers.copy()
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json, text/event-stream"
+        body = encode({"jsonrpc": "2.0", "id": self._pending.new_id(), "method": "ping"})
+        try:
+            async with self._client.post(self._url, data=body, headers=headers) as up:
+                if up.status in (401, 403):
+                    return f"the server refused this caller (HTTP {up.status}): a recorded result is not given to it"
+                return None
+        except aiohttp.ClientError as e:
+            return f"could not ask the server whether it accepts this caller ({type(e).__name__}); try again"
 
 
 async def _bounded_body(up: aiohttp.ClientResponse) -> bytes:
@@ -131,12 +147,20 @@ def _json(raw: bytes) -> Any:
         return None
 
 
-def caller_scope(authorization: str | None) -> str:
-    """What scopes the proxy's shared run to one caller: a digest of its ``Authorization`` header
-    (never the credential itself, which would land in the ledger), "anonymous" without one."""
-    if not authorization:
-        return "anonymous"
-    return "auth-" + hashlib.sha256(authorization.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+def _replayed(answer: dict[str, Any]) -> bool:
+    """Whether the proxy answered from the ledger without calling the tool."""
+    result = answer.get("result")
+    meta = result.get("_meta") if isinstance(result, dict) else None
+    effect = meta.get(EFFECT_META) if isinstance(meta, dict) else None
+    return isinstance(effect, dict) and effect.get("called") is False
+
+
+def _answers(msg: Any, rid: Any) -> bool:
+    """A well-formed JSON-RPC 2.0 response to the request ``rid``: a result, or an error object."""
+    if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0" or msg.get("id") != rid or "method" in msg:
+        return False
+    err = msg.get("error")
+    return "result" in msg or (isinstance(err, dict) and isinstance(err.get("code"), int))
 
 
 async def serve_http(
@@ -170,9 +194,12 @@ async def serve_http(
             if calls.is_write_call(msg):
                 session = request.headers.get(SESSION_HEADER)
                 upstream = _HttpUpstream(client, upstream_url, request.headers, pending)
-                scope = caller_scope(request.headers.get("Authorization"))
-                run = f"mcp-session:{session}" if session else f"{process_run}:{scope}"
+                run = f"mcp-session:{session}" if session else process_run
                 answer = await calls.handle(msg, upstream, run)
+                if _replayed(answer):
+                    refused = await upstream.refuses_caller()
+                    if refused is not None:
+                        answer = error_response(msg.get("id"), INVALID_REQUEST, f"effect-ledger: {refused}")
                 return web.Response(body=encode(answer), content_type="application/json")
             if isinstance(msg, list) and any(calls.is_write_call(m) for m in msg):
                 refusal = "effect-ledger: send a write tool call on its own, not in a batch"

@@ -128,3 +128,37 @@ def threading_count_of(server: metrics_http.MetricsServer) -> int:
         if held == 0 or time.monotonic() > end:
             return held
         time.sleep(0.05)
+
+
+def test_a_client_that_trickles_its_headers_is_let_go_all_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read timeout alone restarts with every byte: a header line every 0.7 s kept a connection
+    (and with 32 of them, every scrape) for ever. The whole connection has a deadline."""
+    monkeypatch.setattr(metrics_http._Handler, "timeout", 1.5)
+    server = LedgerMetrics().serve(0)
+    try:
+        s = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        start = time.monotonic()
+        cut = False
+        while time.monotonic() - start < 10:
+            try:
+                s.sendall(b"X-Slow: 1\r\n")
+            except OSError:
+                cut = True
+                break
+            s.settimeout(0.5)
+            try:
+                if s.recv(1024) == b"":
+                    cut = True
+                    break
+            except TimeoutError:
+                pass
+            except OSError:
+                cut = True
+                break
+        assert cut, "the trickling client was still connected after 10 s"
+        assert time.monotonic() - start < 5
+        s.close()
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -277,3 +277,41 @@ def test_backoff_is_capped_for_very_many_tries() -> None:
     ``math.log(max_s / first_s, factor)``), or catch OverflowError and return ``max_s``."""
     b = Backoff(max_tries=10_000)
     assert b.delay_ms(2_000) == 300_000
+
+
+def test_absent_waits_for_the_latest_deadline_of_the_attempts_intents() -> None:
+    """Two intents of attempt 1 (two hosts raced for the key): the later deadline is the one whose
+    call may still land, whichever intent owns the attempt."""
+    late = Intent("intent-1b", KEY, T0 + 50, 1, "payments", "refund.create", "default", "run-1",
+                  "refund-order-123", '{"amount":4800,"order":"123"}', "d1" * 32, DEADLINE + 60_000, "worker-2")
+    from effect_ledger.streams.model import Claimed
+
+    owner = Claimed("claimed-1", KEY, T0 + 60, 1, "intent-1", "worker-1")  # the first intent owns it
+    eff = fold([intent(), late, owner, unknown_exec()])
+    assert eff is not None and eff.state is State.UNCERTAIN
+    assert eff.intent is not None and eff.intent.deadline_ms == DEADLINE  # the owner's, the earlier
+    assert judge(eff, TARGET, Absent(), RECON, LANDED).verdict is Verdict.UNKNOWN
+    assert judge(eff, TARGET, Absent(), RECON, DEADLINE + 60_000 + TARGET.lands_within_ms).verdict is Verdict.ABSENT
+    # The reconcilers' work item carries that deadline too (Kafka mode judges from it).
+    from effect_ledger.streams.effect import uncertain_event
+
+    assert uncertain_event(eff).deadline_ms == DEADLINE + 60_000
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 8 * 86400.0, "2s"])
+def test_a_lands_within_no_call_can_have_is_refused(bad: object) -> None:
+    from effect_ledger.streams.errors import TargetsError
+
+    with pytest.raises(TargetsError, match="lands_within_s must be between 0 and"):
+        Target("payments", lands_within_s=bad)  # type: ignore[arg-type]
+
+
+def test_only_an_early_answers_own_event_id_marks_it_early() -> None:
+    from effect_ledger.streams.reconcile import answered_too_early
+
+    odd = "early:" + "5ca1d0a8" * 8  # a key that holds the marker's text
+    r = judge(uncertain(), TARGET, Unknown("503"), RECON, AFTER_DEADLINE)
+    assert not answered_too_early(r)
+    looks_early = Resolution(f"resolution:1:1:{odd}", odd, AFTER_DEADLINE, 1, Verdict.UNKNOWN, RECON, "503", tries=1)
+    assert not answered_too_early(looks_early)
+    assert answered_too_early(judge(uncertain(), TARGET, Absent(), RECON, DEADLINE))
