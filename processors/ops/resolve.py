@@ -8,9 +8,12 @@ import asyncio
 from effect_ledger.processors.ops.sources import SourceError
 from effect_ledger.processors.ops.views import read_only
 from effect_ledger.streams.model import DecisionKind, State
+from effect_ledger.streams.targets import TargetsSpec
 
 
-def decide_in_file(db: str, key: str, kind: DecisionKind, by: str, reason: str, receipt_id: str | None) -> State:
+def decide_in_file(
+    db: str, key: str, kind: DecisionKind, by: str, reason: str, receipt_id: str | None, targets: TargetsSpec = None
+) -> State:
     """Record the decision through ``Ledger.decide`` (its refusals are typed ``LedgerError``s); the
     effect's state afterwards. A missing file, one that is not a ledger, or an unknown key is
     refused (``SourceError``) without writing to the file."""
@@ -19,7 +22,8 @@ def decide_in_file(db: str, key: str, kind: DecisionKind, by: str, reason: str, 
     read_only(db).close()
 
     async def go() -> State:
-        async with await Ledger.open(db) as ledger:
+        # The targets say how long a cut-off call may still land (an ABSENT is refused until then).
+        async with await Ledger.open(db, targets=targets) as ledger:
             if await ledger.get(key) is None:
                 raise SourceError(f"no effect with key {key!r} in {db}")
             effect = await ledger.decide(key, kind, by=by, reason=reason, receipt_id=receipt_id)

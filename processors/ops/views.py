@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +32,7 @@ from effect_ledger.streams.model import (
     Timeout,
 )
 from effect_ledger.streams.reader import LedgerReader
+from effect_ledger.streams.reconcile import Target, target_for, target_name
 from effect_ledger.streams.schema_topic import kafka_codec
 
 INTERMEDIATE = UNSETTLED_STATES  # open, or escalated to a person
@@ -202,7 +203,14 @@ def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None, si
 
 
 def decide(
-    key: str, decision: DecisionKind, by: str, reason: str, receipt_id: str | None, *, cfg: KafkaConfig
+    key: str,
+    decision: DecisionKind,
+    by: str,
+    reason: str,
+    receipt_id: str | None,
+    *,
+    cfg: KafkaConfig,
+    targets: Mapping[str, Target] | None = None,
 ) -> Decision:
     """Kafka mode: write a person's decision to ``effects.decisions`` (embedded mode uses
     ``Ledger.decide``), the topic Kafka ACLs can keep to operators. Refuses a key nobody has
@@ -217,7 +225,9 @@ def decide(
     if effect is None:
         raise SourceError(f"no effect with key {key!r} on {cfg.topics.events}")
     now = now_ms()
-    refused = decision_refusal(effect, decision, now)
+    # How long a cut-off call may still land: the declared target's lands_within, else the default.
+    grace = target_for(targets or {}, target_name(effect))[0].lands_within_ms
+    refused = decision_refusal(effect, decision, now, grace)
     if refused is not None:
         raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
     d = Decision(uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg))
