@@ -3,7 +3,10 @@ and the likely duplicates a ledger would have caught (see ``effect_ledger.proces
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import sys
 from typing import BinaryIO
 
@@ -30,15 +33,33 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
         fail(str(e))
     named = [t for spec in writes for t in spec.split(",") if t]
     try:
-        fp: BinaryIO = sys.stdin.buffer if log == "-" else open(log, "rb")  # noqa: SIM115
+        fp: BinaryIO = sys.stdin.buffer if log == "-" else _open_regular(log)
         with fp:
             report = assess(read_lines(fp), paths=paths, writes=named, window_s=window_s)
     except OSError as e:
         fail(f"cannot read {log}: {e.strerror or e}")
+    except AssessError as e:  # more than MAX_LOG_BYTES
+        fail(f"{log}: {e}")
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return
     _print(report, window)
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; else ``OSError``. Opened without
+    blocking: a FIFO is refused at once, not waited on, and a device (``/dev/zero``) never read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file (give - to read a pipe)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _print(report: object, window: str) -> None:

@@ -14,7 +14,10 @@ if ``confluent_kafka`` was imported by the command that raised it.
 
 from __future__ import annotations
 
+import math
+import os
 import sqlite3
+import stat
 import sys
 import traceback
 from collections.abc import Sequence
@@ -168,17 +171,41 @@ class EffectsGroup(click.Group):
 
 
 class LedgerPath(click.Path):
-    """``--db FILE``: a path, remembered so that a database error can name the file."""
+    """``--db FILE``: a path, remembered so that a database error can name the file. A file that is
+    there must be a regular file: a FIFO or a device would be waited on (or read for ever) by
+    whatever opens it. A missing file passes unless ``exists`` (a command that creates it)."""
 
     def __init__(self, exists: bool = False) -> None:
         super().__init__(exists=exists, dir_okay=False)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         path = super().convert(value, param, ctx)
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None  # missing (or unreadable): the command says so, or creates it
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            self.fail(f"{click.format_filename(path)!r} is not a regular file (a ledger is one).", param, ctx)
         settings.ledger = str(path)
         return path
 
 
+class Seconds(click.FloatRange):
+    """A number of seconds in a range; never ``nan`` or ``inf`` (``1e309`` is ``inf``): a wait
+    that is not finite would never end, and ``nan`` passes every comparison of a range."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds.", param, ctx)
+        return rv
+
+
+#: The longest wait an option takes: a week, the SDK's longest call deadline
+#: (``effect_ledger.streams.ledger.MAX_TIMEOUT_S``; ``demo --timeout`` is one). Past it a value is
+#: a mistake, refused here rather than by whatever meets it later (a child's traceback, a hang).
+MAX_SECONDS = 7 * 24 * 3600
+
 PORT = click.IntRange(1, 65535)
-POSITIVE_SECONDS = click.FloatRange(min=0, min_open=True)
+POSITIVE_SECONDS = Seconds(min=0, min_open=True, max=MAX_SECONDS)
 STORE_URL = click.Choice(["rocksdb://", "memory://"])

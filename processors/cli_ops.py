@@ -15,7 +15,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from effect_ledger.processors import cli_render as render
-from effect_ledger.processors.cli_boundary import POSITIVE_SECONDS, broker_wait
+from effect_ledger.processors.cli_boundary import POSITIVE_SECONDS, Seconds, broker_wait
 from effect_ledger.processors.cli_shared import (
     err,
     fail,
@@ -208,7 +208,7 @@ def trace(
 )
 @click.option(
     "--webhook-timeout",
-    type=click.FloatRange(min=0, min_open=True, max=300),
+    type=Seconds(min=0, min_open=True, max=300),
     default=10.0,
     show_default=True,
     metavar="SECONDS",
@@ -328,15 +328,14 @@ def escalations(db: str | None, bootstrap: str | None, prefix: str | None, as_js
 @click.command()
 @click.argument("key")
 @source_options
-@click.option("--confirmed", "verdict", flag_value="CONFIRMED", help="it happened (give --receipt)")
+@click.option("--confirmed", is_flag=True, help="it happened (give --receipt)")
 @click.option(
     "--absent",
-    "verdict",
-    flag_value="ABSENT",
+    is_flag=True,
     help="it never happened: the agent may execute it (refused while the attempt may still land)",
 )
-@click.option("--abandon", "verdict", flag_value="ABANDONED", help="close it; the agent will refuse it")
-@click.option("--compensated", "verdict", flag_value="COMPENSATED", help="it was undone by a compensating effect")
+@click.option("--abandon", is_flag=True, help="close it; the agent will refuse it")
+@click.option("--compensated", is_flag=True, help="it was undone by a compensating effect")
 @click.option("--receipt", default=None, help="the destination's id for the effect (with --confirmed)")
 @click.option("--by", required=True, help="who decides")
 @click.option("--reason", required=True, help="why")
@@ -345,7 +344,10 @@ def resolve(
     db: str | None,
     bootstrap: str | None,
     prefix: str | None,
-    verdict: str | None,
+    confirmed: bool,
+    absent: bool,
+    abandon: bool,
+    compensated: bool,
     receipt: str | None,
     by: str,
     reason: str,
@@ -356,8 +358,20 @@ def resolve(
     may still land at the destination (PENDING/EXECUTED, or before its deadline + 2 s)."""
     from effect_ledger.streams.model import DecisionKind
 
-    if verdict is None:
+    # Each decision is a flag of its own: given together, none of them is taken (not the last one).
+    given = {
+        "--confirmed": (confirmed, "CONFIRMED"),
+        "--absent": (absent, "ABSENT"),
+        "--abandon": (abandon, "ABANDONED"),
+        "--compensated": (compensated, "COMPENSATED"),
+    }
+    chosen = [(flag, kind) for flag, (on, kind) in given.items() if on]
+    if not chosen:
         fail("say what happened: --confirmed --receipt ID, --absent, --abandon or --compensated")
+    if len(chosen) > 1:
+        both = " and ".join(f for f, _ in chosen)
+        raise click.UsageError(f"one decision at a time: {both} given together", ctx=click.get_current_context())
+    verdict = chosen[0][1]
     if verdict == "CONFIRMED" and not receipt:
         fail("--confirmed needs --receipt ID (the destination's id for the effect)")
     kind = DecisionKind(str(verdict))

@@ -9,6 +9,7 @@ Its queries are the store's (``effect_ledger.streams.tables``); its errors are `
 from __future__ import annotations
 
 import sqlite3
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -17,6 +18,26 @@ from typing import Any
 from effect_ledger.streams import tables
 from effect_ledger.streams.errors import StorageError
 from effect_ledger.streams.model import State
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_WAL = 2  # the file format's read and write version bytes (offsets 18, 19) in WAL mode
+
+
+def _uri(p: Path) -> str:
+    """The read-only URI of ``p``: its path escaped (``Path.as_uri``: a ``#``, ``?`` or ``%`` in a
+    name is the name, never a URI's fragment or parameters), ``immutable`` for a WAL-mode file
+    without a ``-wal`` (see ``LedgerReader.open``)."""
+    real = p.resolve()  # SQLite names the -wal after the file a symlink points to
+    uri = real.as_uri() + "?mode=ro"
+    try:
+        with open(real, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return uri  # SQLite says what is wrong with it
+    wal_mode = head[:16] == _SQLITE_MAGIC and head[18:20] == bytes([_WAL, _WAL])
+    if wal_mode and not real.with_name(real.name + "-wal").exists():
+        uri += "&immutable=1"
+    return uri
 
 
 class LedgerReader:
@@ -28,12 +49,24 @@ class LedgerReader:
 
     @classmethod
     def open(cls, path: str | Path) -> LedgerReader:
-        """Open ``path`` read-only; ``StorageError`` when there is no such file or it is not a ledger."""
+        """Open ``path`` read-only; ``StorageError`` when there is no such file, it is not a regular
+        file (a folder, a FIFO, a device: never opened, so never waited on) or it is not a ledger.
+
+        Nothing is created beside the file: a read-only connection to a WAL-mode file would create
+        its ``-wal`` and ``-shm`` (and leave them behind, a damaged file's too), so a WAL-mode file
+        with no ``-wal`` (everything is in the database file: no writer has it open) is read
+        ``immutable``, as the store's own look at a file does (``store._refuse_foreign``)."""
         p = Path(path)
-        if not p.exists():
-            raise StorageError(f"no ledger file at {p}")
         try:
-            conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+            st = p.stat()
+        except FileNotFoundError:
+            raise StorageError(f"no ledger file at {p}") from None
+        except OSError as e:
+            raise StorageError(f"cannot open {p}: {e.strerror or e}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise StorageError(f"{p} is not a ledger file (not a regular file)")
+        try:
+            conn = sqlite3.connect(_uri(p), uri=True)
         except sqlite3.Error as e:
             raise StorageError(f"cannot open {p}: {e}") from e
         conn.row_factory = sqlite3.Row

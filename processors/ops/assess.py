@@ -41,6 +41,9 @@ from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 MAX_LINE_BYTES = 1 << 20
+#: What one run reads at most: a log is a file someone has, and a wrong LOG (a device, ``-`` fed an
+#: endless stream) ends with an error instead of running, and growing, for ever.
+MAX_LOG_BYTES = 1 << 30
 FIELDS: dict[str, tuple[str, ...]] = {
     "tool": ("tool", "tool_name", "params.name", "name"),
     "method": ("method", "http.method", "request.method"),
@@ -64,7 +67,7 @@ _EXAMPLES = 5
 
 
 class AssessError(ValueError):
-    """A field mapping the command cannot use."""
+    """A field mapping the command cannot use, or a log over ``MAX_LOG_BYTES``."""
 
 
 def field_paths(overrides: Iterable[str]) -> dict[str, tuple[str, ...]]:
@@ -154,11 +157,18 @@ class _Write:
     line: int
 
 
-def read_lines(fp: BinaryIO, limit: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
-    """The lines of a binary file; ``None`` for a line over ``limit`` bytes (never held whole)."""
+def read_lines(fp: BinaryIO, limit: int = MAX_LINE_BYTES, max_bytes: int | None = None) -> Iterator[bytes | None]:
+    """The lines of a binary file; ``None`` for a line over ``limit`` bytes (never held whole).
+    ``AssessError`` once more than ``max_bytes`` bytes (default ``MAX_LOG_BYTES``) were read."""
+    if max_bytes is None:
+        max_bytes = MAX_LOG_BYTES
     buf = bytearray()
     skipping = False
+    total = 0
     while chunk := fp.read(1 << 16):
+        total += len(chunk)
+        if total > max_bytes:
+            raise AssessError(f"more than {max_bytes} bytes: assess a part of the log (head -c {max_bytes} LOG | ...)")
         start = 0
         while (nl := chunk.find(b"\n", start)) >= 0:
             if skipping or len(buf) + nl - start > limit:

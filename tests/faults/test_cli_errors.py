@@ -25,6 +25,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -69,7 +70,7 @@ BASELINE: dict[str, list[str]] = {
     "key": ["{key}"],
     "by": ["--by", "a"],
     "reason": ["--reason", "r"],
-    "verdict": ["--absent"],
+    "absent": ["--absent"],
     "url": ["--to", "sqlite:///{tmp}/sink.db"],
     "bootstrap": ["--bootstrap", "{bootstrap}"],
     "prefix": ["--prefix", "{prefix}"],
@@ -83,7 +84,8 @@ THROUGH_KAFKA: dict[str, list[str]] = {"kafka": ["--kafka"]}
 # By parameter name: (what is wrong, the bad value).
 BAD_VALUES: dict[str, list[tuple[str, str]]] = {
     "db": [("not a ledger", "{notes}"), ("missing folder", "{tmp}/no-such-folder/ledger.db"),
-           ("corrupt page", "{corrupt}")],
+           ("corrupt page", "{corrupt}"), ("truncated", "{truncated}"), ("a FIFO", "{fifo}"),
+           ("a device", "/dev/zero")],
     "from_": [("time out of range", "99999999999999999999999"), ("not a time", "yesterday-ish")],
     "to": [("time out of range", "99999999999999999999999")],
     "older_than": [("duration out of range", "9" * 40 + "d"), ("not a duration", "10 minutes")],
@@ -91,11 +93,16 @@ BAD_VALUES: dict[str, list[tuple[str, str]]] = {
     "web_port": [("port out of range", "99999"), ("port zero", "0")],
     "store": [("bad store URL", "bogus://")],
     "targets_spec": [("targets file missing", "{tmp}/no-such-targets.toml"), ("targets not TOML", "{notes}"),
-                     ("targets a folder", "{tmp}"), ("targets no such module", "no_such_module:TARGETS")],
+                     ("targets a folder", "{tmp}"), ("targets no such module", "no_such_module:TARGETS"),
+                     ("targets a FIFO", "{fifo}")],
+    "log": [("log a FIFO", "{fifo}"), ("log a device", "/dev/zero")],
     "partitions": [("zero partitions", "0")],
-    "interval": [("negative interval", "-1")],
-    "timeout": [("negative timeout", "-1")],
-    "give_up_after": [("negative give-up", "-1")],
+    "interval": [("negative interval", "-1"), ("interval nan", "nan"), ("interval inf", "inf")],
+    "timeout": [("negative timeout", "-1"), ("timeout nan", "nan"), ("timeout 1e309", "1e309"),
+                ("timeout over a week", "1e300")],
+    "give_up_after": [("negative give-up", "-1"), ("give-up nan", "nan"), ("give-up inf", "inf"),
+                      ("give-up 1e309", "1e309")],
+    "webhook_timeout": [("webhook timeout nan", "nan")],
     "count": [("negative count", "-1")],
     "states": [("unknown state", "NOPE")],
     "web_host": [],
@@ -190,6 +197,8 @@ def originals(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_ledger(d / "ledger.db", events)
     shutil.copy(d / "ledger.db", d / "corrupt.db")
     corrupt(d / "corrupt.db")
+    # A WAL-mode ledger cut short: a read-only connection to it created -wal and -shm beside it.
+    (d / "truncated.db").write_bytes((d / "ledger.db").read_bytes()[:8192])
     (d / "notes.txt").write_text("these are my notes, not a ledger\n")
     (d / "targets.toml").write_text('[targets.payments]\nlookup = "none"\n\n[targets.tickets]\nlookup = "none"\n')
     return d
@@ -199,11 +208,13 @@ def copy_files(originals: Path, d: Path, bootstrap: str = DEAD, prefix: str = "n
     """A fresh copy of every file per case, so one command that writes cannot hide another's."""
     for f in originals.iterdir():
         shutil.copy(f, d / f.name)
+    os.mkfifo(d / "fifo")  # opened for reading, it waits for a writer: for ever
     names = {k: str(d / f) for k, f in FILES.items()}
-    return {**names, "tmp": str(d), "key": KEY, "bootstrap": bootstrap, "prefix": prefix}
+    return {**names, "tmp": str(d), "key": KEY, "bootstrap": bootstrap, "prefix": prefix, "fifo": str(d / "fifo")}
 
 
-FILES = {"ledger": "ledger.db", "corrupt": "corrupt.db", "notes": "notes.txt", "targets": "targets.toml"}
+FILES = {"ledger": "ledger.db", "corrupt": "corrupt.db", "notes": "notes.txt", "targets": "targets.toml",
+         "truncated": "truncated.db"}  # fmt: skip
 
 
 @pytest.fixture
@@ -212,7 +223,38 @@ def files(originals: Path, tmp_path: Path) -> dict[str, str]:
 
 
 def snapshot(names: dict[str, str]) -> dict[str, bytes]:
-    return {k: Path(names[k]).read_bytes() for k in FILES}
+    """The files given, byte for byte, and the names in their folder: a refused file gets no
+    ``-wal``/``-shm`` beside it, and nothing else is created there."""
+    return {
+        **{k: Path(names[k]).read_bytes() for k in FILES},
+        "folder": "\0".join(sorted(os.listdir(names["tmp"]))).encode(),
+    }
+
+
+class FifoWatch:
+    """Lets a command blocked opening the FIFO go on (opens it for writing, again and again, from
+    ``after`` seconds on) and says whether it had to: a FIFO must be refused, not waited on."""
+
+    def __init__(self, fifo: str, after: float = 10.0) -> None:
+        self.fifo, self.after, self.released = fifo, after, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        if self._stop.wait(self.after):
+            return
+        while not self._stop.is_set():
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+                self.released = True
+            except OSError:
+                pass  # nobody is reading it
+            self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def check(case: Case, code: int, out: str, err: str) -> None:
@@ -225,11 +267,62 @@ def check(case: Case, code: int, out: str, err: str) -> None:
 @pytest.mark.parametrize("case", [c for c in CASES if not c.child], ids=lambda c: c.id)
 def test_bad_arguments_and_files_are_one_line_and_exit_1(case: Case, files: dict[str, str]) -> None:
     before = snapshot(files)
-    r = CliRunner().invoke(main, case.formatted(files), env=ENV)
+    watch = FifoWatch(files["fifo"])
+    try:
+        r = CliRunner().invoke(main, case.formatted(files), env=ENV)
+    finally:
+        watch.stop()
+    assert not watch.released, f"{case.id}: waited on the FIFO for {watch.after} s"
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         raise AssertionError(f"{case.id}: {type(r.exception).__name__}: {r.exception}") from r.exception
     check(case, r.exit_code, r.stdout, r.stderr)
-    assert snapshot(files) == before, f"{case.id}: a file it was given changed"
+    assert snapshot(files) == before, f"{case.id}: a file it was given, or its folder, changed"
+
+
+# -- options of the group, and bad combinations -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [
+        (["--broker-timeout", "nan"], {}),
+        (["--broker-timeout", "inf"], {}),
+        (["--broker-timeout", "1e309"], {}),
+        ([], {"EFFECTS_BROKER_TIMEOUT": "nan"}),
+        ([], {"EFFECTS_BROKER_TIMEOUT": "-inf"}),
+    ],
+    ids=["nan", "inf", "1e309", "env nan", "env -inf"],
+)
+def test_a_broker_timeout_that_is_not_finite_is_refused(
+    args: list[str], env: dict[str, str], files: dict[str, str]
+) -> None:
+    """``--broker-timeout nan`` passed every comparison of its range, and ``inf`` had none: a
+    command waiting on a broker then waited for ever. Refused whatever the command."""
+    case = Case(f"broker-timeout {args or env}", (), False)
+    before = snapshot(files)
+    r = CliRunner().invoke(main, [*args, "escalations", "--db", files["ledger"]], env={**ENV, **env})
+    check(case, r.exit_code, r.stdout, r.stderr)
+    assert "finite" in r.stderr or "range" in r.stderr, r.stderr
+    assert snapshot(files) == before
+
+
+@pytest.mark.parametrize(
+    "decisions",
+    [["--abandon", "--absent"], ["--absent", "--abandon"], ["--confirmed", "--receipt", "re_1", "--abandon"],
+     ["--absent", "--compensated"]],
+    ids=lambda d: " ".join(d),
+)  # fmt: skip
+def test_resolve_with_two_decisions_is_a_usage_error_and_writes_nothing(
+    decisions: list[str], files: dict[str, str]
+) -> None:
+    """Given two decisions at once, the last flag won (``--abandon --absent`` recorded ABSENT)."""
+    case = Case(f"resolve {' '.join(decisions)}", (), False)
+    before = snapshot(files)
+    args = ["resolve", files["key"], "--db", files["ledger"], *decisions, "--by", "a", "--reason", "r"]
+    r = CliRunner().invoke(main, args, env=ENV)
+    check(case, r.exit_code, r.stdout, r.stderr)
+    assert "one decision at a time" in r.stderr, r.stderr
+    assert snapshot(files) == before, "a decision was written"
 
 
 @pytest.fixture(scope="module")
@@ -237,12 +330,13 @@ def child_runs(
     originals: Path, tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str
 ) -> Iterator[dict[str, tuple[int, str, str]]]:
     """Every case that talks to a broker as a child process, four at a time: (exit status, stdout,
-    stderr) by id. A file it was given must be unchanged."""
+    stderr) by id. A file it was given, and its folder, must be unchanged."""
     prefix = f"t{uuid.uuid4().hex[:12]}."
 
     def run(case: Case) -> tuple[int, str, str]:
         d = tmp_path_factory.mktemp("child")
         names = copy_files(originals, d, kafka_bootstrap if case.live else DEAD, prefix)
+        before = snapshot(names)
         try:
             r = subprocess.run(
                 [sys.executable, "-m", "effect_ledger", *case.formatted(names)],
@@ -255,8 +349,7 @@ def child_runs(
             code, out, err = r.returncode, r.stdout, r.stderr
         except subprocess.TimeoutExpired as e:
             code, out, err = -1, str(e.stdout or ""), f"{e.stderr or ''}\n(still running after 90 s: killed)"
-        unchanged = {k: (originals / f).read_bytes() for k, f in FILES.items()}
-        if snapshot(names) != unchanged:
+        if snapshot(names) != before:
             err += "\n(a file it was given changed)"
         return code, out, err
 

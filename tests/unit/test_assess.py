@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.ops.assess import MAX_LINE_BYTES, assess, field_paths, read_lines
+from effect_ledger.processors.ops.assess import MAX_LINE_BYTES, AssessError, assess, field_paths, read_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
@@ -144,3 +145,39 @@ def test_cli_errors_are_one_line(args: list[str], message: str) -> None:
     out = run_cli(*args)
     assert out.returncode == 1 and out.stdout == ""
     assert len(out.stderr.strip().splitlines()) == 1 and out.stderr.startswith(message)
+
+
+def test_a_log_is_read_up_to_max_log_bytes() -> None:
+    """What one run reads is bounded: ``-`` fed an endless stream (or a device) ended never."""
+    data = b'{"tool": "refund", "arguments": {"n": 1}}\n' * 100
+    assert sum(1 for _ in read_lines(io.BytesIO(data), max_bytes=len(data))) == 100
+    with pytest.raises(AssessError, match=f"more than {len(data) - 1} bytes"):
+        list(read_lines(io.BytesIO(data), max_bytes=len(data) - 1))
+
+
+def test_cli_stdin_over_max_log_bytes_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from effect_ledger.processors.cli import main
+    from effect_ledger.processors.ops import assess as assess_module
+
+    monkeypatch.setattr(assess_module, "MAX_LOG_BYTES", 1000)
+    r = CliRunner().invoke(main, ["assess", "-"], input=b'{"tool": "refund"}\n' * 100)
+    assert r.exit_code == 1 and r.stderr.startswith("effects: -: more than 1000 bytes"), r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("what", ["fifo", "device"])
+def test_cli_log_that_is_not_a_regular_file_is_refused_at_once(what: str, tmp_path: Path) -> None:
+    """``effects assess /dev/zero`` read for ever; a FIFO waited for a writer for ever."""
+    if what == "fifo":
+        path = tmp_path / "calls.jsonl"
+        os.mkfifo(path)
+    else:
+        path = Path("/dev/zero")
+    try:
+        out = run_cli(str(path))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"assess {path}: still running after 60 s")
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == f"effects: cannot read {path}: not a regular file (give - to read a pipe)\n"

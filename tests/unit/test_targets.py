@@ -6,6 +6,7 @@ declaration."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import textwrap
 import threading
@@ -378,6 +379,20 @@ def test_size_bound(tmp_path: Path) -> None:
 def test_an_endless_file_is_not_read_whole() -> None:
     message = error_of("/dev/zero")
     assert message.startswith("/dev/zero:1: ")
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Opening a FIFO for reading waited for a writer, for ever (``effects run --targets FIFO``)."""
+    fifo = tmp_path / "targets.toml"
+    os.mkfifo(fifo)
+    got: list[str] = []
+    t = threading.Thread(target=lambda: got.append(error_of(fifo)), daemon=True)
+    t.start()
+    t.join(10)
+    if not got:  # the reader before the fix: let it go, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("load_targets(FIFO) still waiting after 10 s")
+    assert got[0] == f"{fifo}:1: cannot read the targets file: not a regular file", got[0]
 
 
 # --- the Python forms --------------------------------------------------------------------------------
