@@ -18,6 +18,7 @@ from effect_ledger.processors.cli_boundary import (
     STORE_URL,
     EffectsGroup,
     LedgerPath,
+    Seconds,
     broker_wait,
     configure,
     fail,
@@ -320,7 +321,7 @@ def run(
 @click.option(
     "--drain-timeout",
     "drain_s",
-    type=click.FloatRange(0.1, 3600),
+    type=Seconds(0.1, 3600),
     default=None,
     metavar="SECONDS",
     help="how long a worker whose partitions are revoked, or that is told to stop, waits for Kafka to "

@@ -339,6 +339,11 @@ def escalations(db: str | None, bootstrap: str | None, prefix: str | None, as_js
 @click.option("--receipt", default=None, help="the destination's id for the effect (with --confirmed)")
 @click.option("--by", required=True, help="who decides")
 @click.option("--reason", required=True, help="why")
+@click.option(
+    "--targets", "targets_spec", metavar="FILE", envvar="EFFECTS_TARGETS", default=None,
+    help="the targets declaration: its lands_within says how long --absent is refused after the deadline "
+    "(2 s without it) [env EFFECTS_TARGETS]",
+)
 def resolve(
     key: str,
     db: str | None,
@@ -351,11 +356,13 @@ def resolve(
     receipt: str | None,
     by: str,
     reason: str,
+    targets_spec: str | None,
 ) -> None:
     """Record a person's decision on an effect; the SDK honours it on its next attempt. In Kafka mode
     it is written to effects.decisions (restrict who may write it with Kafka ACLs) with your
     identity (the SASL user, else the OS user) beside --by. --absent is refused while the attempt
-    may still land at the destination (PENDING/EXECUTED, or before its deadline + 2 s)."""
+    may still land at the destination (PENDING/EXECUTED, or before its deadline + the target's
+    lands_within, 2 s unless --targets declares another)."""
     from effect_ledger.streams.model import DecisionKind
 
     # Each decision is a flag of its own: given together, none of them is taken (not the last one).
@@ -378,13 +385,16 @@ def resolve(
     if db is not None:
         from effect_ledger.processors.ops.resolve import decide_in_file
 
-        state = decide_in_file(db, key, kind, by, reason, receipt)
+        state = decide_in_file(db, key, kind, by, reason, receipt, targets=targets_spec)
         click.echo(f"{key}: decision {kind.value} recorded by {by}; state {state.value}")
     else:
         from effect_ledger.processors.ops.views import decide
 
         cfg = kafka_of(bootstrap, prefix)
-        d = decide(key, kind, by, reason, receipt, cfg=cfg)
+        from effect_ledger.streams.targets import load_targets
+
+        declared = {t.name: t for t in load_targets(targets_spec)} if targets_spec else None
+        d = decide(key, kind, by, reason, receipt, cfg=cfg, targets=declared)
         click.echo(
             f"{key}: decision {kind.value} (attempt {d.attempt}) written to {cfg.topics.decisions} "
             f"by {by} ({d.principal})"

@@ -139,6 +139,49 @@ def test_resolve_absent_in_embedded_mode_is_refused_while_the_call_may_land(tmp_
     assert asyncio.run(state()) == (State.UNCERTAIN, 2)  # nothing was written
 
 
+@pytest.mark.parametrize("where", ["file", "kafka"])
+def test_resolve_absent_is_refused_for_the_declared_lands_within(
+    where: str, tmp_path: Path, kafka_config: KafkaConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deadline passed 5 s ago. The default lands_within (2 s) has passed, the declared one
+    (30 s) has not: with the declaration, ``--absent`` is refused; it did not read one before (a
+    review found ``resolve`` used the default 2 s whatever the target declared)."""
+    monkeypatch.delenv("EFFECTS_TARGETS", raising=False)
+    targets = tmp_path / "targets.toml"
+    targets.write_text('[targets.payments]\nlookup = "none"\nlands_within = "30s"\n')
+    t = now_ms()
+    key = f"payments:{where}-{uuid.uuid4().hex[:8]}"
+    cut_off = Executed(
+        f"x-{uuid.uuid4().hex}", key, t - 9_000, 1, Outcome.UNKNOWN, "reset", t - 9_100, t - 9_000, None, "w"
+    )
+    where_flags: list[str]
+    if where == "kafka":
+        p = RawProducer(kafka_config)
+        p.event(intent(key, t - 10_000, t - 5_000))
+        p.event(cut_off)
+        p.flush()
+        where_flags = ["--bootstrap", kafka_config.bootstrap, "--prefix", kafka_config.prefix]
+    else:
+        db = tmp_path / "agent.db"
+
+        async def write() -> None:
+            async with await Ledger.open(str(db), targets=[Target("payments")]) as ledger:
+                await ledger.store.append(None, [intent(key, t - 10_000, t - 5_000), cut_off], now_ms=t)
+
+        asyncio.run(write())
+        where_flags = ["--db", str(db)]
+
+    def resolve_absent(*more: str) -> Any:
+        args = ["resolve", key, "--absent", "--by", "alice", "--reason", "r", *where_flags, *more]
+        return CliRunner().invoke(main, args)
+
+    r = resolve_absent("--targets", str(targets))
+    assert r.exit_code == 1, r.output
+    assert "may still land" in r.output and r.output.count("\n") == 1, r.output
+    r = resolve_absent()  # without the declaration: the default 2 s, long past
+    assert r.exit_code == 0, r.output
+
+
 # -- the fold ------------------------------------------------------------------------------------------
 
 
