@@ -116,7 +116,11 @@ class Source:
         ``views.decide`` on Kafka): the same rules, ``DecisionRefused`` included. Returns a line
         saying what was recorded."""
         if self.cfg is not None:
-            d = views.decide(key, kind, by, reason, receipt_id, cfg=self.cfg)
+            from effect_ledger.streams.targets import resolve
+
+            # The declaration in EFFECTS_TARGETS (as Ledger.open reads it for a file): its lands_within.
+            declared = {t.name: t for t in resolve(None)}
+            d = views.decide(key, kind, by, reason, receipt_id, cfg=self.cfg, targets=declared)
             return f"decision {kind.value} (attempt {d.attempt}) written to {self.cfg.topics.decisions} by {by}"
         from effect_ledger.streams.ledger import Ledger
 
