@@ -3,16 +3,14 @@ and the likely duplicates a ledger would have caught (see ``effect_ledger.proces
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import stat
 import sys
 from typing import BinaryIO
 
 import click
 
 from effect_ledger.processors.cli_shared import fail
+from effect_ledger.streams.files import open_regular
 
 
 @click.command("assess")
@@ -33,7 +31,8 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
         fail(str(e))
     named = [t for spec in writes for t in spec.split(",") if t]
     try:
-        fp: BinaryIO = sys.stdin.buffer if log == "-" else _open_regular(log)
+        pipe_hint = "not a regular file (give - to read a pipe)"
+        fp: BinaryIO = sys.stdin.buffer if log == "-" else open_regular(log, pipe_hint)
         with fp:
             report = assess(read_lines(fp), paths=paths, writes=named, window_s=window_s)
     except OSError as e:
@@ -44,22 +43,6 @@ def assess_command(log: str, fields: tuple[str, ...], writes: tuple[str, ...], w
         click.echo(json.dumps(report.as_dict(), indent=2))
         return
     _print(report, window)
-
-
-def _open_regular(path: str) -> BinaryIO:
-    """``path`` opened for reading if it is a regular file; else ``OSError``. Opened without
-    blocking: a FIFO is refused at once, not waited on, and a device (``/dev/zero``) never read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file (give - to read a pipe)")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _print(report: object, window: str) -> None:

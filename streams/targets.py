@@ -40,11 +40,9 @@ can declare the same list (``module:NAME``, a list of ``Target``).
 
 from __future__ import annotations
 
-import errno
 import importlib
 import os
 import re
-import stat
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -53,6 +51,7 @@ from typing import Any
 from effect_ledger.streams import bodies
 from effect_ledger.streams.effect import DECISION_GRACE_MS
 from effect_ledger.streams.errors import TargetsError
+from effect_ledger.streams.files import read_regular
 from effect_ledger.streams.http_reconciler import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.streams.keys import check_name
 from effect_ledger.streams.reconcile import MAX_LANDS_WITHIN_S, Backoff, CallableReconciler, Reconciler, Target
@@ -147,26 +146,10 @@ def _checked(targets: tuple[Any, ...], where: str) -> tuple[Target, ...]:
     return targets
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """At most ``limit`` bytes of the regular file ``path``. Opened without blocking and refused
-    unless it is a regular file: a FIFO would wait for a writer for ever, a device never end."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(limit)
-    finally:
-        os.close(fd)
-
-
 def _from_file(path: Path) -> tuple[Target, ...]:
     # Problems of the whole file are reported at its line 1, so every message reads FILE:LINE: ...
     try:
-        raw = _read_regular(path, MAX_FILE_BYTES + 1)  # bounded: a wrong path (a device, a log) is not read whole
+        raw = read_regular(path, MAX_FILE_BYTES + 1)  # bounded: a wrong path (a device, a log) is not read whole
     except OSError as e:
         raise TargetsError(f"{path}:1: cannot read the targets file: {e.strerror or e}") from None
     if len(raw) > MAX_FILE_BYTES:

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import base64
 import hmac
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from effect_ledger.streams.errors import ConfigError
+from effect_ledger.streams.files import NotRegularFile, read_regular
 
 MAX_AUTH_FILE_BYTES = 64 * 1024
 
@@ -73,16 +72,13 @@ def load_users(path: str) -> dict[str, str]:
     ``ConfigError``."""
     p = Path(path)
     try:
-        # O_NONBLOCK: opening a FIFO with no writer would otherwise wait for ever. The size is
-        # bounded by what is read, not by st_size, which is 0 for a device such as /dev/zero.
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ConfigError(f"{p}: a basic-auth file must be a regular file")
-            data = f.read(MAX_AUTH_FILE_BYTES + 1)
+        # The size is bounded by what is read, not by st_size, which is 0 for a device.
+        data = read_regular(p, MAX_AUTH_FILE_BYTES + 1)
         if len(data) > MAX_AUTH_FILE_BYTES:
             raise ConfigError(f"{p}: a basic-auth file is at most {MAX_AUTH_FILE_BYTES} bytes")
         text = data.decode("utf-8")
+    except NotRegularFile:
+        raise ConfigError(f"{p}: a basic-auth file must be a regular file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read the basic-auth file {p}: {e}") from None
     users = {}
