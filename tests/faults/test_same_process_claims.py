@@ -48,7 +48,8 @@ def test_reopened_ledger_takes_over_a_claim_its_closed_predecessor_left_after_th
             with pytest.raises(EffectInProgress) as ei:
                 await execute(b, dest, timeout=10)
             assert ei.value.retry_after_ms == 10_000  # within the lease: the call may still be running
-            clock.advance(10_001)
+            # Past the deadline, the old call may still land for the target's lands_within: then it cannot.
+            clock.advance(10_000 + target.lands_within_ms)
             c = await execute(b, dest, timeout=10)
             assert c.called and c.attempt == 2 and dest.calls == [KEY]
             effect = await b.get(KEY)
