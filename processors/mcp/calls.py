@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from effect_ledger.processors.mcp.policy import KEY_META, Policy, WriteTool, call_identity
-from effect_ledger.processors.mcp.wire import Upstream, error_response, result_response
+from effect_ledger.processors.mcp.wire import INVALID_REQUEST, Upstream, error_response, result_response
 from effect_ledger.streams.errors import (
     DefiniteFailure,
     EffectClosed,
@@ -131,6 +131,8 @@ class WriteCalls:
             return result_response(rid, _explain(write, e))
         finally:
             _CURRENT.reset(token)
+        if not confirmation.called and (refused := await upstream.refuses_caller()) is not None:
+            return error_response(rid, INVALID_REQUEST, f"effect-ledger: {refused}")  # not another's result
         # Called now: the agent gets the whole live result, even when the record had to be cut.
         value = live["result"] if confirmation.called and "result" in live else confirmation.value
         return result_response(rid, _annotate(confirmation, value, ident.source))

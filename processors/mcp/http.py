@@ -31,7 +31,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from effect_ledger.processors.mcp.calls import EFFECT_META, WriteCalls
+from effect_ledger.processors.mcp.calls import WriteCalls
 from effect_ledger.processors.mcp.wire import (
     INVALID_REQUEST,
     MAX_MESSAGE_BYTES,
@@ -68,10 +68,7 @@ class _HttpUpstream:
 
     async def request(self, method: str, params: dict[str, Any], request_id: Any = None) -> dict[str, Any]:
         rid = self._pending.new_id() if request_id is None else request_id
-        headers = self._headers.copy()
-        headers.popall("Accept-Encoding", None)  # this answer is parsed here, not relayed
-        headers["Content-Type"] = "application/json"
-        headers["Accept"] = "application/json, text/event-stream"
+        headers = self._post_headers()
         if NAME_HEADER in headers and "name" in params:
             headers[NAME_HEADER] = str(params["name"])
         body = encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
@@ -98,16 +95,20 @@ class _HttpUpstream:
         except aiohttp.ClientError as e:
             raise UpstreamLost(f"HTTP: {type(e).__name__}: {e}") from e
 
+    def _post_headers(self) -> CIMultiDict[str]:
+        """The agent's headers for a JSON-RPC POST of the proxy's own, whose answer it parses."""
+        headers = self._headers.copy()
+        headers.popall("Accept-Encoding", None)  # the answer is parsed here, not relayed
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json, text/event-stream"
+        return headers
 
     async def refuses_caller(self) -> str | None:
         """Why the server will not serve this agent request's caller (None: it will): a ``ping``
         with the request's headers, answered 401 or 403, or not answered at all."""
-        headers = self._headers.copy()
-        headers["Content-Type"] = "application/json"
-        headers["Accept"] = "application/json, text/event-stream"
         body = encode({"jsonrpc": "2.0", "id": self._pending.new_id(), "method": "ping"})
         try:
-            async with self._client.post(self._url, data=body, headers=headers) as up:
+            async with self._client.post(self._url, data=body, headers=self._post_headers()) as up:
                 if up.status in (401, 403):
                     return f"the server refused this caller (HTTP {up.status}): a recorded result is not given to it"
                 return None
@@ -145,14 +146,6 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return None
-
-
-def _replayed(answer: dict[str, Any]) -> bool:
-    """Whether the proxy answered from the ledger without calling the tool."""
-    result = answer.get("result")
-    meta = result.get("_meta") if isinstance(result, dict) else None
-    effect = meta.get(EFFECT_META) if isinstance(meta, dict) else None
-    return isinstance(effect, dict) and effect.get("called") is False
 
 
 def _answers(msg: Any, rid: Any) -> bool:
@@ -196,10 +189,6 @@ async def serve_http(
                 upstream = _HttpUpstream(client, upstream_url, request.headers, pending)
                 run = f"mcp-session:{session}" if session else process_run
                 answer = await calls.handle(msg, upstream, run)
-                if _replayed(answer):
-                    refused = await upstream.refuses_caller()
-                    if refused is not None:
-                        answer = error_response(msg.get("id"), INVALID_REQUEST, f"effect-ledger: {refused}")
                 return web.Response(body=encode(answer), content_type="application/json")
             if isinstance(msg, list) and any(calls.is_write_call(m) for m in msg):
                 refusal = "effect-ledger: send a write tool call on its own, not in a batch"

@@ -52,6 +52,9 @@ class _StdioUpstream:
         self._to_server = to_server
         self._pending = pending
 
+    async def refuses_caller(self) -> str | None:
+        return None  # one agent, the one that launched this proxy and its server
+
     async def request(self, method: str, params: dict[str, Any], request_id: Any = None) -> dict[str, Any]:
         rid = self._pending.new_id() if request_id is None else request_id
         fut = self._pending.expect(rid)

@@ -33,6 +33,11 @@ class Upstream(Protocol):
         return the server's response: a dict with ``result`` or ``error``. Raises ``UpstreamLost``."""
         ...
 
+    async def refuses_caller(self) -> str | None:
+        """Why the server would not serve the agent this request came from (None: it would), asked
+        before a recorded result is returned without calling the tool."""
+        ...
+
 
 def error_response(request_id: Any, code: int, message: str) -> dict[str, Any]:
     """A JSON-RPC error response."""
