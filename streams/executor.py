@@ -202,7 +202,7 @@ class Executor:
         # Asking again can change an unknown answer once the old call has stopped (its deadline),
         # and an "absent" given too early once the call can no longer land.
         deadline = attempt_deadline_ms(effect, effect.attempt) or 0
-        until = target.may_still_land_until_ms(effect) if answered_too_early(resolution) else deadline
+        until = target.may_still_land_until_ms(deadline) if answered_too_early(resolution) else deadline
         return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
 
     async def refuse_retired(self, key: str) -> None:

@@ -172,13 +172,10 @@ class Target:
         """``lands_within_s`` in milliseconds."""
         return int(self.lands_within_s * 1000)
 
-    def may_still_land_until_ms(self, effect: Effect | EffectView) -> int:
-        """Until when a call of the effect's current attempt may still take effect: its deadline
-        plus ``lands_within_s`` (0 for an effect with no known deadline)."""
-        deadline = (
-            attempt_deadline_ms(effect, effect.attempt) if isinstance(effect, Effect) else effect.deadline_ms
-        ) or 0
-        return deadline + self.lands_within_ms if deadline else 0
+    def may_still_land_until_ms(self, deadline_ms: int | None) -> int:
+        """Until when a call with this deadline may still take effect: the deadline plus
+        ``lands_within_s`` (0 for no known deadline)."""
+        return deadline_ms + self.lands_within_ms if deadline_ms else 0
 
     @property
     def definite(self) -> tuple[type[BaseException], ...]:
@@ -296,15 +293,16 @@ async def ask(
     return None, "none"
 
 
-#: In the event id of an "absent" answered while the call could still land (``judge``).
-_EARLY = ":early:"
+def _early_id(attempt: int, tries: int, effect_id: str) -> str:
+    """The event id of an "absent" answered while the call could still land (``judge``)."""
+    return f"resolution:{attempt}:{tries}:early:{effect_id}"
 
 
 def answered_too_early(resolution: Resolution) -> bool:
     """Whether ``resolution`` is an "absent" given while the call could still land (``judge``
     recorded it as an unknown that used up no try): its event id is exactly that of one."""
     r = resolution
-    return r.event_id == f"resolution:{r.attempt}:{r.tries}{_EARLY}{r.effect_id}"
+    return r.event_id == _early_id(r.attempt, r.tries, r.effect_id)
 
 
 def last_resolution(effect: Effect) -> Resolution | None:
@@ -328,7 +326,7 @@ def next_check_ms(effect: Effect, target: Target, now_ms: int) -> int | None:
         return None
     after = last.at_ms + target.backoff.delay_ms(last.tries)
     if answered_too_early(last):  # "absent" while the call could still land: again once it cannot
-        return max(after, target.may_still_land_until_ms(effect))
+        return max(after, target.may_still_land_until_ms(attempt_deadline_ms(effect, effect.attempt)))
     return after
 
 
@@ -378,12 +376,12 @@ def judge(
                 f"destination reports absent, but its key retention ({target.retention_s:.0f} s) has passed "
                 "since the intent: it may have forgotten the key",
             )
-        until = target.may_still_land_until_ms(effect) if effect.target else 0
+        until = target.may_still_land_until_ms(effect.deadline_ms) if effect.target else 0
         if now_ms < until:
             # Not a try: asking again before the call can no longer land must not run down the
             # escalation count (``next_check_ms`` asks again once it cannot).
             tries -= 1
-            eid = f"resolution:{attempt}:{tries}{_EARLY}{effect.effect_id}"
+            eid = _early_id(attempt, tries, effect.effect_id)
             return res(
                 Verdict.UNKNOWN,
                 f"absent so far, but the call may still land until {until} (its deadline "
