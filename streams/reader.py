@@ -19,14 +19,15 @@ from effect_ledger.streams import tables
 from effect_ledger.streams.errors import StorageError
 from effect_ledger.streams.model import State
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
 _WAL = 2  # the file format's read and write version bytes (offsets 18, 19) in WAL mode
 
 
-def _uri(p: Path) -> str:
-    """The read-only URI of ``p``: its path escaped (``Path.as_uri``: a ``#``, ``?`` or ``%`` in a
-    name is the name, never a URI's fragment or parameters), ``immutable`` for a WAL-mode file
-    without a ``-wal`` (see ``LedgerReader.open``)."""
+def read_only_uri(p: Path) -> str:
+    """The read-only URI of ``p``, for every look at a file that must change nothing (this reader,
+    the store's check of a file before it opens it): its path escaped (``Path.as_uri``: a ``#``,
+    ``?`` or ``%`` in a name is the name, never a URI's fragment or parameters), ``immutable`` for
+    a WAL-mode file without a ``-wal`` (see ``LedgerReader.open``)."""
     real = p.resolve()  # SQLite names the -wal after the file a symlink points to
     uri = real.as_uri() + "?mode=ro"
     try:
@@ -34,7 +35,7 @@ def _uri(p: Path) -> str:
             head = f.read(20)
     except OSError:
         return uri  # SQLite says what is wrong with it
-    wal_mode = head[:16] == _SQLITE_MAGIC and head[18:20] == bytes([_WAL, _WAL])
+    wal_mode = head[:16] == SQLITE_MAGIC and head[18:20] == bytes([_WAL, _WAL])
     if wal_mode and not real.with_name(real.name + "-wal").exists():
         uri += "&immutable=1"
     return uri
@@ -66,7 +67,7 @@ class LedgerReader:
         if not stat.S_ISREG(st.st_mode):
             raise StorageError(f"{p} is not a ledger file (not a regular file)")
         try:
-            conn = sqlite3.connect(_uri(p), uri=True)
+            conn = sqlite3.connect(read_only_uri(p), uri=True)
         except sqlite3.Error as e:
             raise StorageError(f"cannot open {p}: {e}") from e
         conn.row_factory = sqlite3.Row

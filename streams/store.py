@@ -47,6 +47,7 @@ from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.effect import Effect, absorb
 from effect_ledger.streams.errors import LedgerClosed, StorageError
 from effect_ledger.streams.model import Event, State
+from effect_ledger.streams.reader import SQLITE_MAGIC, read_only_uri
 from effect_ledger.streams.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 
 
@@ -58,7 +59,6 @@ class Durability(StrEnum):
     FULL = "FULL"
 
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
 
 #: The write-ahead log stays under about this size whatever the write rate: past it, the writer
 #: copies the log into the database and starts it over before its next transaction (``_bound_wal``).
@@ -163,19 +163,17 @@ def _refuse_foreign(p: Path) -> None:
     otherwise create its ``-wal`` and ``-shm`` and leave them behind."""
     try:
         with open(p, "rb") as f:
-            head = f.read(len(_SQLITE_MAGIC))
+            head = f.read(len(SQLITE_MAGIC))
     except FileNotFoundError:
         return
     except OSError as e:
         raise StorageError(f"cannot read {p}: {e}") from e
     if not head:
         return  # an empty file: SQLite makes it a new database
-    if head != _SQLITE_MAGIC:
+    if head != SQLITE_MAGIC:
         raise StorageError(f"{p} is not an effect-ledger file (not an SQLite database); it was left as it was")
-    wal = p.with_name(p.name + "-wal")
-    uri = p.resolve().as_uri() + ("?mode=ro" if wal.exists() else "?mode=ro&immutable=1")
     try:
-        conn = sqlite3.connect(uri, uri=True)
+        conn = sqlite3.connect(read_only_uri(p), uri=True)
         try:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         finally:
