@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import hmac
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from effect_ledger.streams.config import same_secret
 from effect_ledger.streams.effect import Effect, to_state
 from effect_ledger.streams.keyurl import key_url
 from effect_ledger.streams.lookup import FoldedThrough, folded_through_asked
@@ -34,12 +34,7 @@ def authorized(token: str | None, authorization: str) -> bool:
     carries it."""
     if not token:
         return True
-    # aiohttp hands a header's bytes that are not UTF-8 over as lone surrogates (``\xff`` is
-    # ``\udcff``), which a strict ``encode()`` refuses: ``surrogatepass`` turns any str into bytes,
-    # and such a header then simply does not match (401, not a 500).
-    return hmac.compare_digest(
-        authorization.encode("utf-8", "surrogatepass"), f"Bearer {token}".encode("utf-8", "surrogatepass")
-    )
+    return same_secret(authorization, f"Bearer {token}")
 
 
 @dataclass

@@ -18,6 +18,7 @@ Each setting can come from the environment:
 from __future__ import annotations
 
 import getpass
+import hmac
 import ipaddress
 import os
 import socket
@@ -163,6 +164,15 @@ def operator_identity(cfg: KafkaConfig | None = None) -> str:
     except (OSError, KeyError):  # no login name and no passwd entry (some containers)
         user = f"uid{os.getuid()}"
     return f"os:{user}@{socket.gethostname()}"
+
+
+def same_secret(given: str, expected: str) -> bool:
+    """Whether a credential a request carries is ``expected``, in constant time. Shared by every
+    server that checks one (the console, the worker's lookups, the MCP proxy, ``/metrics``).
+    aiohttp hands a header's bytes that are not UTF-8 over as lone surrogates (``\xff`` is
+    ``\udcff``), which a strict ``encode()`` refuses: ``surrogatepass`` turns any str into bytes,
+    and such a header then simply does not match (a 401, not a 500)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
 def is_loopback(host: str) -> bool:

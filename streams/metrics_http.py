@@ -15,13 +15,12 @@ open (a client that sends nothing holds its thread for ever). Here:
 
 from __future__ import annotations
 
-import hmac
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from effect_ledger.streams.config import is_loopback
+from effect_ledger.streams.config import is_loopback, same_secret
 from effect_ledger.streams.errors import ConfigError
 
 MAX_CONNECTIONS = 32
@@ -45,7 +44,7 @@ class MetricsServer(ThreadingHTTPServer):
     def __init__(self, host: str, port: int, registry: Any, token: str | None) -> None:
         check_exposure(host, token)
         self.registry = registry
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = f"Bearer {token}" if token else None
         self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.address_family = family
@@ -103,8 +102,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         expected = self.server.expected
         if expected is not None:
-            given = self.headers.get("Authorization", "").encode("latin-1", "replace")
-            if not hmac.compare_digest(given, expected):
+            if not same_secret(self.headers.get("Authorization", ""), expected):
                 self._text(401, b"unauthorized: send Authorization: Bearer TOKEN\n", {"WWW-Authenticate": "Bearer"})
                 return
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -5,10 +5,10 @@ Without either the console is read-only. Comparisons are constant-time."""
 from __future__ import annotations
 
 import base64
-import hmac
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from effect_ledger.streams.config import same_secret
 from effect_ledger.streams.errors import ConfigError
 from effect_ledger.streams.files import NotRegularFile, read_regular
 
@@ -17,13 +17,6 @@ MAX_AUTH_FILE_BYTES = 64 * 1024
 
 class Unauthorized(Exception):
     """Credentials were needed and the request's were missing or wrong (401)."""
-
-
-def _bytes(text: str) -> bytes:
-    """``text`` as bytes to compare. aiohttp hands a header's bytes that are not UTF-8 over as lone
-    surrogates (``Bearer \\xff`` is ``'Bearer \\udcff'``), which a strict ``encode()`` refuses:
-    ``surrogatepass`` turns any str into bytes, and such a header then simply does not match."""
-    return text.encode("utf-8", "surrogatepass")
 
 
 @dataclass(frozen=True)
@@ -37,10 +30,10 @@ class Credentials:
 
     def check_password(self, user: str, password: str) -> bool:
         expected = self.users.get(user)
-        return expected is not None and hmac.compare_digest(_bytes(expected), _bytes(password))
+        return expected is not None and same_secret(password, expected)
 
     def check_token(self, token: str) -> bool:
-        return bool(self.token) and hmac.compare_digest(_bytes(self.token or ""), _bytes(token))
+        return bool(self.token) and same_secret(token, self.token or "")
 
     def identity(self, authorization: str | None, user: str = "", secret: str = "") -> str | None:
         """The authenticated user name from an ``Authorization`` header (Bearer or Basic) or from a

@@ -19,7 +19,6 @@ whether it accepts this caller at all: a caller it refuses (401, 403) gets a ref
 
 from __future__ import annotations
 
-import hmac
 import json
 import sys
 import uuid
@@ -42,6 +41,7 @@ from effect_ledger.processors.mcp.wire import (
     is_response,
     read_lines,
 )
+from effect_ledger.streams.config import same_secret
 
 SESSION_HEADER = "mcp-session-id"
 TOKEN_HEADER = "Effect-Ledger-Token"  # the proxy's own credential (beyond loopback), never forwarded
@@ -173,12 +173,9 @@ async def serve_http(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     client = aiohttp.ClientSession(timeout=timeout, auto_decompress=False)
 
-    expected = token.encode() if token else None
-
     async def handle(request: web.Request) -> web.StreamResponse:
-        if expected is not None:
-            given = request.headers.get(TOKEN_HEADER, "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, expected):
+        if token:
+            if not same_secret(request.headers.get(TOKEN_HEADER, ""), token):
                 refusal = f"effect-ledger: this proxy needs its token in the {TOKEN_HEADER} header"
                 return web.json_response(error_response(None, INVALID_REQUEST, refusal), status=401)
         body = await request.read() if request.can_read_body else b""
