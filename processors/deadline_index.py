@@ -16,7 +16,7 @@ from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, t
 
 #: A timeout command or a re-published work item not folded after this long is sent again.
 RESEND_AFTER_MS = 5000
-_MAX_SAMPLES = 2000  # ticks of high watermarks kept per partition (a few minutes at 4 a second)
+_MAX_SAMPLES = 4000  # ticks of high watermarks kept per partition (a few minutes at 10 a second)
 
 
 def due_of(effect: Effect, targets: Mapping[str, Target], first_check_ms: int) -> int | None:
@@ -46,22 +46,34 @@ class DeadlineIndex:
     per partition the high watermark at each tick (a deadline fires only once the partition is
     folded up to where it stood when the deadline passed).
 
-    ``due`` runs at every tick: it looks only at the entries past due, from a heap of (due, key)
-    (an entry's older due times stay in it until they come up, then are dropped; the heap is built
-    again from the entries when it holds twice as many)."""
+    ``due`` runs at every tick and after every batch, so it costs what is actionable, not what is
+    past due: one heap of (due, key) per partition, and within a partition the first entry not yet
+    folded up to ends the look (every later entry waits for a mark at least as high: a worker
+    catching up on a backlog with 100,000 deadlines past due pays one entry per partition). An
+    entry's older due times stay in its heap until they come up, then are dropped; the heaps are
+    built again from the entries when they hold twice as many."""
 
     grace_ms: int = 1000
     entries: dict[str, Entry] = field(default_factory=dict)
     assigned: frozenset[int] | None = None  # the partitions it was built for (None: not built)
     _samples: dict[int, tuple[list[int], list[int]]] = field(default_factory=dict)
-    _heap: list[tuple[int, str]] = field(default_factory=list)
+    _heaps: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    _heaped: int = 0  # items in all heaps
 
-    def _push(self, key: str, due_ms: int) -> None:
-        heap = self._heap
-        if len(heap) > 2 * len(self.entries) + 1024:
-            heap[:] = [(e.due_ms, k) for k, e in self.entries.items()]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (due_ms, key))
+    def _push(self, key: str, partition: int, due_ms: int) -> None:
+        if self._heaped > 2 * len(self.entries) + 1024:
+            self._reheap()
+        heapq.heappush(self._heaps.setdefault(partition, []), (due_ms, key))
+        self._heaped += 1
+
+    def _reheap(self) -> None:
+        heaps: dict[int, list[tuple[int, str]]] = {}
+        for k, e in self.entries.items():
+            heaps.setdefault(e.partition, []).append((e.due_ms, k))
+        for h in heaps.values():
+            heapq.heapify(h)
+        self._heaps = heaps
+        self._heaped = len(self.entries)
 
     def rebuild(self, items: Iterable[tuple[str, int | None]], assigned: frozenset[int],
                 partition_of: Callable[[str], int]) -> None:  # fmt: skip
@@ -73,8 +85,7 @@ class DeadlineIndex:
                 if p in assigned:
                     entries[key] = Entry(p, due)
         self.entries = entries
-        self._heap = [(e.due_ms, k) for k, e in entries.items()]
-        heapq.heapify(self._heap)
+        self._reheap()
         self.assigned = assigned
         self._samples = {p: s for p, s in self._samples.items() if p in assigned}
 
@@ -90,7 +101,7 @@ class DeadlineIndex:
         old = self.entries.get(key)
         self.entries[key] = Entry(partition, due_ms)
         if old is None or old.due_ms != due_ms:
-            self._push(key, due_ms)
+            self._push(key, partition, due_ms)
 
     def discard(self, key: str) -> None:
         self.entries.pop(key, None)
@@ -99,7 +110,7 @@ class DeadlineIndex:
         old = self.entries.get(key)
         self.entries[key] = Entry(partition, due_ms, now_ms)
         if old is None or old.due_ms != due_ms:
-            self._push(key, due_ms)
+            self._push(key, partition, due_ms)
 
     def record_highwaters(self, now_ms: int, highwaters: dict[int, int]) -> None:
         for p, hw in highwaters.items():
@@ -114,25 +125,37 @@ class DeadlineIndex:
         their partition stood then (an outcome produced before the deadline is seen first), and not
         acted on in the last ``RESEND_AFTER_MS``."""
         out = []
-        heap, entries = self._heap, self.entries
-        past: dict[str, int] = {}  # past due: back in the heap afterwards, acted on or not
-        while heap and heap[0][0] + self.grace_ms <= now_ms:
-            due_ms, key = heapq.heappop(heap)
-            e = entries.get(key)
-            if e is None or e.due_ms != due_ms or key in past:
-                continue  # an older due time of the key, a key gone, or the key twice: dropped
-            past[key] = due_ms
-            if e.sent_ms and now_ms - e.sent_ms < RESEND_AFTER_MS:
-                continue
-            at = e.due_ms + self.grace_ms
-            times, marks = self._samples.get(e.partition, ([], []))
-            i = bisect.bisect_left(times, at)
-            if i == len(times) or folded_through(e.partition) < marks[i] - 1:
-                continue
-            out.append((key, e))
-        for key, due_ms in past.items():
-            heapq.heappush(heap, (due_ms, key))
+        entries, grace = self.entries, self.grace_ms
+        for p, heap in self._heaps.items():
+            times, marks = self._samples.get(p, ([], []))
+            folded = folded_through(p)
+            past: dict[str, int] = {}  # popped and still watched: back in the heap afterwards
+            while heap and heap[0][0] + grace <= now_ms:
+                due_ms, key = heap[0]
+                e = entries.get(key)
+                if e is None or e.due_ms != due_ms or e.partition != p or key in past:
+                    heapq.heappop(heap)  # an older due time of the key, a key gone, or the key twice
+                    self._heaped -= 1
+                    continue
+                i = bisect.bisect_left(times, due_ms + grace)
+                if i == len(times) or folded < marks[i] - 1:
+                    break  # not folded up to where p stood: neither is any later entry of p
+                heapq.heappop(heap)
+                self._heaped -= 1
+                past[key] = due_ms
+                if e.sent_ms and now_ms - e.sent_ms < RESEND_AFTER_MS:
+                    continue
+                out.append((key, e))
+            for key, due_ms in past.items():
+                heapq.heappush(heap, (due_ms, key))
+                self._heaped += 1
         return out
+
+    def any_past_due(self, now_ms: int) -> bool:
+        """Whether an entry may be past due plus grace at ``now_ms`` (``due`` says which): false
+        means ``due`` would return nothing."""
+        grace = self.grace_ms
+        return any(h and h[0][0] + grace <= now_ms for h in self._heaps.values())
 
     def oldest_due(self) -> int | None:
         return min((e.due_ms for e in self.entries.values()), default=None)

@@ -100,10 +100,45 @@ def test_the_deadline_heap_stays_bounded_by_the_entries() -> None:
     for i in range(20_000):
         idx.set(f"k{i % 100}", 0, 1_000_000 + i)  # 100 keys, each moved 200 times
     assert len(idx) == 100
-    assert len(idx._heap) <= 2 * len(idx) + 1024 + 1
+    assert idx._heaped == sum(map(len, idx._heaps.values())) <= 2 * len(idx) + 1024 + 1
     idx.record_highwaters(10**9, {0: 0})
     assert len(idx.due(10**9, lambda p: 0)) == 100
 
+
+def test_a_partition_behind_its_mark_holds_its_own_deadlines_only_and_costs_one_look() -> None:
+    # A worker catching up: 50,000 deadlines past due in partition 0, which is folded only up to
+    # offset 10 of the 100 it stood at; partition 1 is folded up to where it stood.
+    idx = DeadlineIndex(grace_ms=1000)
+    idx.rebuild([(f"a{i}", 1_000 + i) for i in range(50_000)] + [("b", 2_000)], frozenset({0, 1}),
+                lambda k: 0 if k.startswith("a") else 1)  # fmt: skip
+    for t in range(0, 60_000, 100):
+        idx.record_highwaters(t, {0: 100, 1: 5})
+    looks: list[int] = []
+
+    def folded(p: int) -> int:
+        looks.append(p)
+        return 10 if p == 0 else 4
+
+    assert idx.any_past_due(60_000)
+    assert [k for k, _ in idx.due(60_000, folded)] == ["b"]
+    assert sorted(looks) == [0, 1]  # asked once per partition, not once per entry
+    assert idx._heaped == 50_001  # nothing of partition 0 was taken out and put back
+    # Once partition 0 is folded up to its mark, all of its past deadlines fire, in due order.
+    fired = [k for k, _ in idx.due(60_000, lambda p: 99)]
+    assert len(fired) == 50_001 and set(fired) == {"b", *(f"a{i}" for i in range(50_000))}
+    assert [k for k in fired if k != "b"][:3] == ["a0", "a1", "a2"]
+
+
+def test_any_past_due_is_false_before_grace_and_when_empty() -> None:
+    idx = DeadlineIndex(grace_ms=1000)
+    idx.rebuild([], frozenset({0}), lambda k: 0)
+    assert not idx.any_past_due(10**12)
+    idx.set("k", 0, 5_000)
+    assert not idx.any_past_due(5_999) and idx.any_past_due(6_000)
+    idx.set("k", 0, None)
+    idx.record_highwaters(6_000, {0: 0})
+    assert idx.due(6_000, lambda p: 0) == []  # the stale heap item is dropped, not fired
+    assert not idx.any_past_due(6_000)
 
 # -- batch fold ---------------------------------------------------------------------------------
 
