@@ -36,10 +36,10 @@ Retention: a ``Retirement`` command on ``effects.events`` (``effects retire``) r
 key's value with a retired marker and tombstones its state (``retirement``); later events of the key
 are dead-lettered and its lookup answers 410.
 
-Deadlines: a timer scans an in-memory index of *this worker's* open effects (``deadline_index``:
-rebuilt from the table when faust reports the table recovered after a rebalance, forgotten when
-partitions are revoked) and sends a Timeout command through
-``effects.events``, so the change happens inside the stream like any other event. Uncertain
+Deadlines: a timer (every 100 ms), and the fold after each batch, look at an in-memory index of
+*this worker's* open effects (``deadline_index``: rebuilt from the table when faust reports the
+table recovered after a rebalance, forgotten when partitions are revoked) and send a Timeout
+command through ``effects.events``, so the change happens inside the stream like any other event. Uncertain
 effects whose reconciler answered "unknown" are re-published to ``effects.uncertain`` when their
 backoff has passed, so a restarted reconciler loses no work.
 
