@@ -133,7 +133,7 @@ class DeadlineIndex:
             while heap and heap[0][0] + grace <= now_ms:
                 due_ms, key = heap[0]
                 e = entries.get(key)
-                if e is None or e.due_ms != due_ms or e.partition != p or key in past:
+                if e is None or e.due_ms != due_ms or key in past:
                     heapq.heappop(heap)  # an older due time of the key, a key gone, or the key twice
                     self._heaped -= 1
                     continue

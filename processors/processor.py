@@ -39,9 +39,9 @@ are dead-lettered and its lookup answers 410.
 Deadlines: a timer (every 100 ms), and the fold after each batch, look at an in-memory index of
 *this worker's* open effects (``deadline_index``: rebuilt from the table when faust reports the
 table recovered after a rebalance, forgotten when partitions are revoked) and send a Timeout
-command through ``effects.events``, so the change happens inside the stream like any other event. Uncertain
-effects whose reconciler answered "unknown" are re-published to ``effects.uncertain`` when their
-backoff has passed, so a restarted reconciler loses no work.
+command through ``effects.events``, so the change happens inside the stream like any other event.
+Uncertain effects whose reconciler answered "unknown" are re-published to ``effects.uncertain``
+when their backoff has passed, so a restarted reconciler loses no work.
 
 Lookup: ``GET /effects/{key}`` (``lookup_route``). The view listens on ``web_host`` only; bound
 beyond loopback it needs a token (``web_token``). faust's own pages (``/router``, ``/table``,
@@ -581,8 +581,8 @@ class LedgerProcessor:
 
     async def act_on_due(self) -> None:
         """After a batch: act on the deadlines the batch made actionable (folded up to where their
-        partition stood once they passed) without waiting for the next tick. The index's heap says
-        in O(1) when nothing is past due, the common case."""
+        partition stood once they passed) without waiting for the next tick. The index says from
+        the top of each partition's heap when nothing is past due, the common case."""
         now = self.s.clock()
         if not self.ready or not self.index.any_past_due(now) or self._acting.locked():
             return
