@@ -211,7 +211,7 @@ class LedgerProcessor:
             key_type=str,
             value_type=bytes,  # the store picks the "raw" codec for bytes: table_value's encoding, untouched
             options=(
-                dict(ROCKSDB_OPTIONS)
+                dict(ROCKSDB_OPTIONS)  # a copy: faust's store pops keys from the dict it is given
                 if settings.store.startswith("rocksdb")
                 else None
             ),
