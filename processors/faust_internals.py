@@ -49,6 +49,8 @@ Why each is needed (faust 0.15.3 has no public way):
   without faust's layers (``table_reader``: the fold reads every key it has not cached), and the
   store's record of the last changelog offset it holds (``set_persisted_offset``). The memory store
   (``--store memory://``) keeps decoded keys in a dict (``Store.data``).
+* ``open_databases``: the RocksDB databases a table's store has open (``Store._dbs``, partition ->
+  database), for RocksDB's own counts of its memory (``rocks.memory``): the worker's health view.
 * ``quick_handoff``: faust's fetcher hands each record to the streams with
   ``Consumer.wait_first(callback(message), suspend_flow.wait())`` (``Consumer._drain_messages``):
   four tasks, an ``asyncio.wait`` and three cancellations per record, most of the loop's work on a
@@ -197,6 +199,12 @@ def table_reader(table: Any) -> Callable[[int, bytes], bytes | None]:
         return None if value is None else bytes(value)
 
     return read
+
+
+def open_databases(store: Any) -> list[Any]:
+    """The RocksDB databases ``store`` (a table's ``rocksdb://`` store) has open, one a partition
+    it holds (none for another kind of store)."""
+    return list(getattr(store, "_dbs", {}).values())
 
 
 def table_key(table: Any, key: str) -> bytes:

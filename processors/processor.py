@@ -70,7 +70,7 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
-from effect_ledger.processors import faust_internals, retirement, table_value
+from effect_ledger.processors import faust_internals, native_memory, retirement, rocks, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.batch_writer import CLIENT_ID as FOLD_CLIENT_ID
 from effect_ledger.processors.batch_writer import BatchWriter
@@ -94,19 +94,6 @@ from effect_ledger.streams.schema_topic import kafka_codec
 log = logging.getLogger("effect_ledger.processor")
 
 _CACHE_KEYS = 10_000  # decoded effects kept beside the table (the most recently written)
-#: The table's RocksDB options, per partition (faust opens one database a partition). RocksDB's
-#: defaults (a 64 MB write buffer x 3, a 2 GB block cache) are far more than a table of small
-#: values needs, and resident memory grows into them. Here at most 2 x 8 MB of memtables and an
-#: 8 MB block cache (reads are of recent keys, in the memtables or the OS's page cache: 300,000
-#: effects filled 5.6 MB of six caches): 144 MB for 6 partitions, plus the index and filter
-#: blocks of the table's files, ~1.4 MB per 100,000 effects, which grow with the table.
-ROCKSDB_OPTIONS: dict[str, Any] = {
-    "driver": "rocksdict",
-    "write_buffer_size": 8 << 20,
-    "max_write_buffer_number": 2,
-    "block_cache_size": 8 << 20,
-    "block_cache_compressed_size": 8 << 20,  # python-rocksdb only: rocksdict has no such cache
-}
 
 
 def _wall_ms() -> int:
@@ -139,6 +126,9 @@ class ProcessorSettings:
     # batch it is writing (its records must be in Kafka before the next owner reads the changelog).
     drain_s: float = DRAIN_S
     clock: Callable[[], int] = _wall_ms  # milliseconds since the epoch: deadlines, metrics
+    # How often the C allocator's free pages go back to the system (processors/native_memory.py)
+    # and RocksDB's memory is counted for /metrics (0: never).
+    memory_interval_s: float = 10.0
 
     @property
     def full_app_id(self) -> str:
@@ -168,7 +158,8 @@ class LedgerProcessor:
             settings.full_app_id,
             broker=[f"kafka://{b.strip()}" for b in k.bootstrap.split(",")],
             broker_credentials=faust_credentials(k),
-            store=settings.store,
+            # The table's store, set app-wide: faust ignores a Table's own URL that has no path (falsy).
+            store=rocks.store_url(settings.store),
             datadir=str(settings.data_dir),
             topic_partitions=k.partitions,
             topic_replication_factor=k.replication,
@@ -210,11 +201,6 @@ class LedgerProcessor:
             partitions=k.partitions,
             key_type=str,
             value_type=bytes,  # the store picks the "raw" codec for bytes: table_value's encoding, untouched
-            options=(
-                dict(ROCKSDB_OPTIONS)  # a copy: faust's store pops keys from the dict it is given
-                if settings.store.startswith("rocksdb")
-                else None
-            ),
         )
         self.index = DeadlineIndex(grace_ms=settings.grace_ms)
         # The timer and the fold (after a batch) both act on due deadlines: one at a time, or both
@@ -276,6 +262,12 @@ class LedgerProcessor:
                 except Exception as e:  # the timer acts on them at its next tick
                     log.warning("acting on due deadlines after a batch: %s: %s", type(e).__name__, e)
 
+        if self.s.memory_interval_s > 0:
+
+            @app.timer(interval=self.s.memory_interval_s, name="memory")
+            async def memory() -> None:
+                await self.look_after_memory()
+
         @app.timer(interval=self.s.timer_interval_s, name="deadlines")
         async def deadlines() -> None:
             await self.tick()
@@ -330,8 +322,27 @@ class LedgerProcessor:
                         "partitions": sorted(processor.index.assigned or ()),
                         "processed": processor.processed,
                         "open": len(processor.index),
+                        "rocksdb": processor.rocksdb_memory(),
                     }
                 )
+
+    async def look_after_memory(self) -> None:
+        """Hand the allocator's free pages back (on a thread: a call takes milliseconds) and set
+        the RocksDB gauge. Housekeeping: a failure is logged, never a reason to stop folding."""
+        try:
+            if native_memory.available():
+                await asyncio.to_thread(native_memory.release_free_memory)
+            counts = self.rocksdb_memory()
+            if self.metrics is not None and counts is not None:
+                for kind, n in counts.items():
+                    self.metrics.rocksdb_bytes.labels(kind=kind).set(n)
+        except Exception as e:
+            log.warning("looking after memory: %s: %s", type(e).__name__, e)
+
+    def rocksdb_memory(self) -> dict[str, int] | None:
+        """RocksDB's own counts of the table's memory, in bytes (None: not a RocksDB store)."""
+        store = self.table.data
+        return store.memory() if isinstance(store, rocks.Store) else None
 
     @property
     def ready(self) -> bool:

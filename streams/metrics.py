@@ -81,6 +81,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
         "Records written to effects.dlq (cannot be decoded, applied or produced)",
         "worker, reconcilers, relay",
     ),
+    "effect_ledger_rocksdb_bytes": (
+        "gauge",
+        ("kind",),
+        "RocksDB's own count of the worker's table memory, by kind: cache_capacity, cache_usage "
+        "(blocks, index and filter blocks, the memtables' charge), cache_pinned, memtables, table_readers",
+        "worker",
+    ),
     "effect_ledger_outbox_depth": (
         "gauge",
         (),

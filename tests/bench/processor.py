@@ -352,7 +352,9 @@ def run_memory(ctx: Context) -> BenchResult:
         done, _ = events_folded([proc])
         if now >= next_sample or done >= events:
             r = rss_mb(pid)
-            samples.append({"t_s": round(now - t_first, 1), "effects": done / EVENTS_PER_EFFECT, **r})
+            rocksdb = (proc.health() or {}).get("rocksdb") or {}  # the worker's RocksDB, by its own counts
+            samples.append({"t_s": round(now - t_first, 1), "effects": done / EVENTS_PER_EFFECT, **r,
+                            **{f"rocksdb_{k}_MB": v / 1e6 for k, v in rocksdb.items()}})  # fmt: skip
             next_sample = now + 2.0
         if done >= events or now - t_first > budget:
             break
@@ -422,9 +424,17 @@ def _memory_plot(ctx: Context, samples: list[dict[str, Any]], ready_mb: float) -
         return None
     xs, rss, hwm = zip(*rss_series(samples), strict=True)
     effects = [x / 1000 for x in xs]
+    rocksdb = [
+        Series(label, [s["effects"] / 1000 for s in samples if key in s], [s[key] for s in samples if key in s], style)
+        for key, label, style in (
+            ("rocksdb_cache_usage_MB", "RocksDB cache in use (blocks, index, filters, memtables)", "-"),
+            ("rocksdb_cache_capacity_MB", "RocksDB cache capacity", ":"),
+        )
+        if any(key in s for s in samples)
+    ]
     return draw(ctx.plots / "bench-memory.png", f"effects worker RSS while folding {int(xs[-1]):,} effects",
                 "effects folded (thousands)", [Panel("MB", [
-                    Series("VmRSS", effects, list(rss)), Series("VmHWM (peak)", effects, list(hwm), "--"),
+                    Series("VmRSS", effects, list(rss)), Series("VmHWM (peak)", effects, list(hwm), "--"), *rocksdb,
                     Series("RSS when ready", [effects[0], effects[-1]], [ready_mb, ready_mb], ":"),
                     Series("target after 1,000,000 effects", [effects[0], effects[-1]], [TARGET_RSS_MB] * 2, "-."),
                 ])])  # fmt: skip

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from effect_ledger.processors import rocks
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.keys import effect_key
 from effect_ledger.streams.ledger import Ledger
@@ -117,6 +118,14 @@ def test_worker_reconcilers_and_relay_metrics(kafka_config: KafkaConfig, tmp_pat
         assert {dict(k)["topic"] for k in lag} == {cfg.topics.events}
         assert {dict(k)["partition"] for k in lag} == {str(i) for i in range(cfg.partitions)}
         assert all(v >= 0 for v in lag.values())
+
+        # RocksDB's own counts of the table's memory, set every 10 s (processors/rocks.py).
+        rocksdb = wait_for(
+            lambda: (scrape(worker_port) or {}).get("effect_ledger_rocksdb_bytes"), WAIT, "the worker's RocksDB gauge"
+        )
+        by_kind = {dict(k)["kind"]: v for k, v in rocksdb.items()}
+        assert by_kind["cache_capacity"] == rocks.CACHE_BYTES, by_kind
+        assert by_kind["memtables"] > 0 and by_kind["cache_usage"] > 0, by_kind
 
         def reconcilers_settled() -> Samples | None:
             m = scrape(reconcile_port)

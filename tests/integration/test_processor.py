@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from effect_ledger.processors import rocks
 from effect_ledger.processors.demo.gateway import Gateway
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
@@ -309,6 +310,11 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
 
         proc.start()  # same data dir, same port
         proc.wait_ready()
+        # The reopened partitions are on the worker's bounded RocksDB store: one cache for all of
+        # them, its memtables counted (processors/rocks.py), as the health view reports.
+        rocksdb = (proc.health() or {}).get("rocksdb") or {}
+        assert rocksdb.get("cache_capacity") == rocks.CACHE_BYTES, rocksdb
+        assert rocksdb.get("memtables", 0) > 0, rocksdb
 
         passed = keys["pending"] + keys["executed"]
         try:

@@ -14,7 +14,7 @@ import pytest
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
-from effect_ledger.processors import faust_internals
+from effect_ledger.processors import faust_internals, rocks
 
 
 def test_pinned_to_the_faust_release_it_was_read_from() -> None:
@@ -89,9 +89,11 @@ def test_no_current_event_hides_the_ambient_one() -> None:
 
 
 def _table(tmp_path: Path, store: str) -> object:
-    app = faust.App("internals-table", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), store=store)
-    options = {"driver": "rocksdict"} if store.startswith("rocksdb") else None
-    return app.Table("effects", default=None, partitions=4, key_type=str, value_type=bytes, options=options)
+    """The worker's table, on the store ``--store`` names (processors/rocks.py for rocksdb://)."""
+    app = faust.App(
+        "internals-table", broker="kafka://127.0.0.1:1", datadir=str(tmp_path), store=rocks.store_url(store)
+    )
+    return app.Table("effects", default=None, partitions=4, key_type=str, value_type=bytes)
 
 
 def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
@@ -120,6 +122,19 @@ def test_table_partitions_write_where_the_table_reads(tmp_path: Path) -> None:
             assert read(2, faust_internals.table_key(table, "payments:faust-2")) == b"value-3"
 
         asyncio.run(check())
+
+
+def test_open_databases_are_the_partitions_the_store_opened(tmp_path: Path) -> None:
+    async def check() -> None:
+        table: Any = _table(tmp_path / "rocks", "rocksdb://")
+        assert faust_internals.open_databases(table.data) == []
+        db_for, _ = faust_internals.table_partitions(table)
+        opened = [db_for(3), db_for(1)]
+        assert sorted(map(id, faust_internals.open_databases(table.data))) == sorted(map(id, opened))
+        memory_table: Any = _table(tmp_path / "mem", "memory://")
+        assert faust_internals.open_databases(memory_table.data) == []
+
+    asyncio.run(check())
 
 
 def test_table_key_is_the_changelogs_key(tmp_path: Path) -> None:

@@ -324,20 +324,3 @@ def test_the_folds_raw_schema_gives_what_fausts_raw_serializers_give(tmp_path: P
             assert (event.key, event.value) == (faust_own.loads_key(app, msg), faust_own.loads_value(app, msg))
 
     asyncio.run(check())
-
-
-def test_the_tables_rocksdb_memory_is_bounded_per_partition(tmp_path: Path) -> None:
-    """The options reach RocksDB through faust's own options class: each partition's database
-    gets the small block cache (RocksDB's default: 2 GB; the release before: 64 MB a partition)."""
-    from faust.stores.rocksdb import RocksDBOptions
-
-    from effect_ledger.processors.processor import ROCKSDB_OPTIONS
-
-    opts = {k: v for k, v in ROCKSDB_OPTIONS.items() if k != "driver"}
-    db = RocksDBOptions(**opts, use_rocksdict=ROCKSDB_OPTIONS["driver"] == "rocksdict").open(tmp_path / "p0")
-    try:
-        db[b"k"] = b"v"
-        assert db[b"k"] == b"v"
-        assert db.property_int_value("rocksdb.block-cache-capacity") == 8 << 20
-    finally:
-        db.close()
