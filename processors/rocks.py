@@ -18,6 +18,7 @@ add a store.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
 
 from effect_ledger.processors import faust_internals
+
+log = logging.getLogger("effect_ledger.processor")
 
 #: The store's URL scheme (the ``faust.stores`` entry point in pyproject.toml).
 SCHEME = "effects-rocksdb"
@@ -46,13 +49,23 @@ class _Shared:
     cache: rocksdict.Cache | None = None
     buffers: rocksdict.WriteBufferManager | None = None
 
+    sizes: tuple[int, int] | None = None
+
     @classmethod
     def get(cls, cache_bytes: int, memtables_bytes: int) -> tuple[rocksdict.Cache, rocksdict.WriteBufferManager]:
         if cls.cache is None or cls.buffers is None:
             cls.cache = rocksdict.Cache(cache_bytes)
+            # allow_stall=False: past the limit RocksDB flushes the largest memtable, it does not
+            # stop writers (a soft limit: the memtables may pass it while a flush runs).
             cls.buffers = rocksdict.WriteBufferManager.new_write_buffer_manager_with_cache(
                 memtables_bytes, False, cls.cache
             )
+            cls.sizes = (cache_bytes, memtables_bytes)
+        elif cls.sizes != (cache_bytes, memtables_bytes):
+            log.warning(
+                "RocksDB cache already made with %s; %s asked for later is not applied", cls.sizes,
+                (cache_bytes, memtables_bytes),
+            )  # fmt: skip
         return cls.cache, cls.buffers
 
 

@@ -19,9 +19,9 @@ from effect_ledger.processors import rocks
 
 @pytest.fixture
 def fresh_cache() -> Iterator[None]:
-    rocks._Shared.cache = rocks._Shared.buffers = None
+    rocks._Shared.cache = rocks._Shared.buffers = rocks._Shared.sizes = None
     yield
-    rocks._Shared.cache = rocks._Shared.buffers = None
+    rocks._Shared.cache = rocks._Shared.buffers = rocks._Shared.sizes = None
 
 
 def _fill(db: rocksdict.Rdict, n: int, tag: bytes = b"") -> None:
@@ -113,7 +113,7 @@ def test_a_reopened_partition_keeps_the_shared_cache(tmp_path: Path, fresh_cache
     """A worker restarted on its data dir reopens its partitions: they must join the one cache
     again (rocksdict would otherwise take the column family's options from the OPTIONS file, with
     RocksDB's default 8 MB cache per database)."""
-    opts = rocks.BoundedOptions(cache_bytes=32 << 20)
+    opts = rocks.BoundedOptions(cache_bytes=32 << 20, memtables_bytes=2 << 20, write_buffer_size=64 << 20)
     db = opts.open(tmp_path / "p0")
     db[b"k"] = b"v"
     db.close()
@@ -121,6 +121,11 @@ def test_a_reopened_partition_keeps_the_shared_cache(tmp_path: Path, fresh_cache
     try:
         assert again[b"k"] == b"v"
         assert _prop(again, "block-cache-capacity") == 32 << 20
+        # and the write buffer manager: a reopened partition's memtable is flushed at its 2 MB
+        # limit, not at its own 64 MB
+        for rnd in range(60):
+            _fill(again, 2_000, b"%d" % rnd)
+        assert _prop(again, "cur-size-all-mem-tables") < 2 * (2 << 20)
         _fill(other, 20_000)
         other.flush()
         other.get(b"effect-000000001")  # reads through the cache
