@@ -12,8 +12,11 @@ another build of effect-ledger (today's main, say), measured in the same run, in
 
 Each measurement is a fresh process on a fresh file (``sdk_probe.py``, with ``PYTHONPATH`` set to
 ``DIR`` for the baseline); per repetition the two builds alternate. Prints medians and ratios, and
-one more row: this tree's concurrent run with its SQL made a no-op (``sdk_probe.py --no-sql``), the
-Python side's own limit, and the share of it this tree keeps with SQLite.
+two more rows: this tree's concurrent run with its SQL made a no-op (``sdk_probe.py --no-sql``), the
+Python side's own limit, and the share of it this tree keeps with SQLite; and what this tree's
+sequential FULL run spent per effect outside the ledger's Python (``sdk_probe.py --parts``: the
+intent's transaction with its fsync on the store's thread, the hop there and back, the outcome's
+commit on the loop's thread), beside the baseline's whole FULL cost.
 """
 
 from __future__ import annotations
@@ -26,23 +29,24 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 PROBE = Path(__file__).with_name("sdk_probe.py")
 ROWS = [("sequential", "NORMAL"), ("sequential", "FULL"), ("concurrent", "NORMAL")]
 
 
 def probe(
-    mode: str, durability: str, n: int, path: Path, pythonpath: str | None, no_sql: bool = False
-) -> dict[str, float]:
+    mode: str, durability: str, n: int, path: Path, pythonpath: str | None, *flags: str
+) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     out = subprocess.run(
-        [sys.executable, str(PROBE), mode, durability, str(n), str(path), *(["--no-sql"] if no_sql else [])],
+        [sys.executable, str(PROBE), mode, durability, str(n), str(path), *flags],
         env=env, capture_output=True, text=True, check=True, cwd=tempfile.gettempdir(),
     )  # fmt: skip
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if result["confirmed"] != result["n"]:
         raise SystemExit(f"{mode} {durability}: only {result['confirmed']} of {result['n']} effects CONFIRMED")
     return result
@@ -57,18 +61,22 @@ def main() -> None:
     args = p.parse_args()
     runs: dict[tuple[str, str, str], list[float]] = {}
     cpu: dict[tuple[str, str, str], list[float]] = {}
+    parts: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         for rep in range(args.reps):
             for mode, dur in ROWS:
                 n = args.n if mode == "sequential" else args.n_concurrent
                 for build, pp in (("baseline", args.baseline), ("this", None)):
-                    r = probe(mode, dur, n, Path(tmp) / f"{build}-{mode}-{dur}-{rep}.db", pp)
+                    timed = ("--parts",) if build == "this" and (mode, dur) == ("sequential", "FULL") else ()
+                    r = probe(mode, dur, n, Path(tmp) / f"{build}-{mode}-{dur}-{rep}.db", pp, *timed)
+                    for part, us in r.get("parts", {}).items():
+                        parts.setdefault(part, []).append(us)
                     value = r["us_per_effect"] if mode == "sequential" else r["effects_per_s"]
                     runs.setdefault((mode, dur, build), []).append(value)
                     cpu.setdefault((mode, dur, build), []).append(r["cpu_us_per_effect"])
                     print(f"rep {rep + 1}: {mode} {dur} {build}: {value:,.0f}", file=sys.stderr)
             # The same concurrent row with the SQL taken out: how much of this tree's cost is Python.
-            r = probe("concurrent", "NORMAL", args.n_concurrent, Path(tmp) / f"nosql-{rep}.db", None, no_sql=True)
+            r = probe("concurrent", "NORMAL", args.n_concurrent, Path(tmp) / f"nosql-{rep}.db", None, "--no-sql")
             runs.setdefault(("concurrent", "NORMAL", "no-sql"), []).append(r["effects_per_s"])
             print(f"rep {rep + 1}: concurrent NORMAL this, SQL a no-op: {r['effects_per_s']:,.0f}", file=sys.stderr)
     # CPU (every thread of the process) beside wall time: on a shared machine it is the steadier one.
@@ -92,6 +100,18 @@ def main() -> None:
         f"{'concurrent, SQL a no-op':<22} {'':>12} {statistics.median(nosql):>12,.0f}   this tree's Python alone: "
         f"with SQLite it runs at {share:.2f} of this (effects/s, median of {args.reps})"
     )
+    # Sequential FULL: each effect is one transaction with the intent's fsync on the store's thread
+    # (and the hop there and back) plus the outcome's commit on the loop's thread.
+    floor = {k: statistics.median(v) for k, v in parts.items()}
+    if {"txn_on_store_thread_us", "hop_us", "txn_on_loop_us"} <= floor.keys():
+        total = floor["txn_on_store_thread_us"] + floor["hop_us"] + floor["txn_on_loop_us"]
+        base_full = statistics.median(runs[("sequential", "FULL", "baseline")])
+        print(
+            f"{'sequential FULL, parts':<22} {'':>12} {total:>12,.0f}   not the ledger's Python: intent's transaction "
+            f"with its fsync {floor['txn_on_store_thread_us']:,.0f} + hop {floor['hop_us']:,.0f} + outcome's commit "
+            f"{floor['txn_on_loop_us']:,.0f}; {total / base_full:.2f} of the baseline's whole FULL cost "
+            f"(us/effect, medians of {args.reps})"
+        )
 
 
 if __name__ == "__main__":

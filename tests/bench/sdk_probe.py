@@ -5,7 +5,8 @@ comparison points ``PYTHONPATH`` at another build of ``effect_ledger`` (today's 
 script's folder holds no ``effect_ledger`` to shadow it. Uses only the API both builds share.
 Prints one JSON line: wall and CPU (all threads) microseconds per effect, effects/s, and how
 many effects ended CONFIRMED. A fifth argument ``--no-sql`` runs this tree with the store's SQL
-replaced by nothing (``_without_sql``): the Python side alone.
+replaced by nothing (``_without_sql``): the Python side alone; ``--parts`` adds the medians of the
+parts of a write that no Python of the ledger's can go under (``_timed_parts``, this tree only).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import statistics
 import sys
+import threading
 import time
 import uuid
 from typing import Any
@@ -38,7 +41,52 @@ def _without_sql() -> None:
     Store._write_batch = lambda self, ops: [1 for _ in ops]  # type: ignore[method-assign]
 
 
-async def main(mode: str, durability: str, n: int, path: str) -> dict[str, float]:
+#: Seconds per write, by part (``_timed_parts``).
+PARTS: dict[str, list[float]] = {"txn_on_store_thread": [], "hop": [], "txn_on_loop": []}
+
+
+def _timed_parts() -> None:
+    """Time each write's parts that are not the ledger's Python (this tree's store only): a
+    transaction on the store's thread (at FULL, with the intent's fsync), the hop there and back
+    (from the submission to the thread's start, and from its end to the caller's resumption), and
+    a transaction committed on the loop's thread (a lone write that needs no fsync)."""
+    from effect_ledger.streams.store import Store
+
+    waiting, transact, write_batch = Store._waiting, Store._transact, Store._write_batch
+    ran: list[tuple[float, float]] = []
+
+    def timed_waiting(self: Any, fn: Any, arg: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return waiting(self, fn, arg)
+        finally:
+            ran.append((t0, time.perf_counter()))
+
+    async def timed_transact(self: Any, fn: Any, arg: Any, inline: bool) -> Any:
+        ran.clear()
+        t0 = time.perf_counter()
+        result = await transact(self, fn, arg, inline)
+        if ran:
+            (t1, t2), t3 = ran[-1], time.perf_counter()
+            PARTS["txn_on_store_thread"].append(t2 - t1)
+            PARTS["hop"].append((t1 - t0) + (t3 - t2))
+        return result
+
+    def timed_write_batch(self: Any, ops: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return write_batch(self, ops)
+        t0 = time.perf_counter()
+        try:
+            return write_batch(self, ops)
+        finally:
+            PARTS["txn_on_loop"].append(time.perf_counter() - t0)
+
+    Store._waiting = timed_waiting  # type: ignore[method-assign]
+    Store._transact = timed_transact  # type: ignore[method-assign]
+    Store._write_batch = timed_write_batch  # type: ignore[method-assign]
+
+
+async def main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
     ledger = await Ledger.open(path, durability=durability, targets=[Target("payments")])
     run = uuid.uuid4().hex
 
@@ -50,6 +98,8 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, float
     try:
         for i in range(100):  # warm-up
             await one(-1 - i)
+        for samples in PARTS.values():
+            samples.clear()
         c0 = time.process_time()
         t0 = time.perf_counter()
         if mode == "sequential":
@@ -74,7 +124,9 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, float
         conn = sqlite3.connect(path)
         confirmed = conn.execute("SELECT count(*) FROM effects WHERE state = 'CONFIRMED'").fetchone()[0]
         conn.close()
+    parts = {f"{k}_us": statistics.median(v) * 1e6 for k, v in PARTS.items() if v}
     return {
+        **({"parts": parts} if parts else {}),
         "us_per_effect": elapsed / n * 1e6,
         "cpu_us_per_effect": cpu / n * 1e6,
         "effects_per_s": n / elapsed,
@@ -87,7 +139,9 @@ NO_SQL = False
 
 if __name__ == "__main__":
     mode, durability, n, path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-    if sys.argv[5:] == ["--no-sql"]:
+    if "--no-sql" in sys.argv[5:]:
         NO_SQL = True
         _without_sql()
+    if "--parts" in sys.argv[5:]:
+        _timed_parts()
     print(json.dumps(asyncio.run(main(mode, durability, n, path))))
