@@ -60,6 +60,18 @@ Why each is needed (faust 0.15.3 has no public way):
   buffer), it goes on under faust's own ``wait_first``, which still gives up on it when the flow is
   suspended or the consumer stops. faust's version runs the callback's first step before any
   other too (its task is made first), so nothing happens in another order.
+* ``rewind_dropped_fetches``: faust drops the records a fetch returns while the consumer's flow is
+  stopped (``Consumer.getmany``, then ``perform_seek``, which puts the *source* partitions back at
+  their commits and nothing else), and aiokafka's position has already moved past them. A long poll
+  (faust asks for 1 s) started before a rebalance can come back between the recovery's seek of a
+  changelog partition and faust's "Resuming flow", with that partition's records from the
+  recovery's start: dropped, the changelog read to its end, and the recovery waited for them for
+  ever ("No event received for active tp", the worker never ready). The consumer's
+  ``_wait_next_records`` is wrapped on the instance: such records are not handed to faust, and each
+  partition they came from is put back at the first of them, on the consumer's thread, only if its
+  position is still where they left it (a seek since, the recovery's or faust's, wins). That reads
+  aiokafka's subscription state (``AIOKafkaConsumer._subscription``), aiokafka's own record of a
+  partition's position, without ``position()``'s wait for one.
 """
 
 from __future__ import annotations
@@ -79,6 +91,8 @@ from faust.types import TP
 
 #: The faust-streaming release the accesses below were read from (DEPENDENCIES.md: use it exactly).
 FAUST_VERSION = "0.15.3"
+#: The aiokafka release ``rewind_dropped_fetches`` read the subscription state from.
+AIOKAFKA_VERSION = "0.14.0"
 
 
 class as_current_event:  # noqa: N801 - used like the context manager function it replaced
@@ -145,6 +159,46 @@ def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:
 
     consumer.seek_to_committed = seek_to_committed
     consumer._effect_ledger_seek_uncommitted = True
+
+
+def rewind_dropped_fetches(app: faust.App) -> None:
+    """Never let faust drop fetched records without putting their partitions back where those
+    records began (module docstring). Idempotent; call once the app's consumer exists."""
+    consumer: Any = app.consumer
+    if getattr(consumer, "_effect_ledger_rewind", False):
+        return
+    original = consumer._wait_next_records
+
+    async def wait_next_records(timeout: float) -> Any:
+        records, active = await original(timeout)
+        if records and not consumer.flow_active:
+            # faust would drop these (its getmany checks the flow after the fetch): hand it none,
+            # and fetch them again once a partition is read from where it stands.
+            spans = {tp: (batch[0].offset, batch[-1].offset + 1) for tp, batch in records.items() if batch}
+            thread = consumer._thread
+            await thread.call_thread(rewind_unmoved, thread._ensure_consumer(), spans)
+            return {}, active
+        return records, active
+
+    consumer._wait_next_records = wait_next_records
+    consumer._effect_ledger_rewind = True
+
+
+async def rewind_unmoved(aio: Any, spans: dict[Any, tuple[int, int]]) -> list[Any]:
+    """On the consumer's thread: put each partition back at ``first`` if aiokafka's position for
+    it is still ``end`` (nothing sought it since the records ``first``..``end`` were fetched).
+    Nothing here waits, so no other seek runs between the look and the seek. Returns the
+    partitions put back."""
+    assignment = aio._subscription.subscription.assignment if aio._subscription.subscription else None
+    rewound = []
+    for tp, (first, end) in spans.items():
+        if assignment is None or tp not in assignment.tps:
+            continue  # revoked meanwhile: its next owner reads it from the group's commit
+        state = assignment.state_value(tp)
+        if state.has_valid_position and state.position == end:
+            aio.seek(tp, first)
+            rewound.append(tp)
+    return rewound
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

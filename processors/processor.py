@@ -246,6 +246,7 @@ class LedgerProcessor:
         @app.agent(self.sources, name="fold")
         async def fold(stream: Any) -> None:
             faust_internals.quick_handoff(app)
+            faust_internals.rewind_dropped_fetches(app)
             async for batch in stream.take_events(self.s.batch_max, within=self.s.batch_within_s):
                 try:
                     await self.handle_batch(batch)

@@ -282,6 +282,47 @@ def test_faust_goes_back_to_the_committed_offsets_through_seek_to_committed() ->
     assert getmany.index("if self.flow_active:") < getmany.index("await self.perform_seek()")
 
 
+def test_faust_drops_what_a_fetch_returns_after_the_flow_stopped() -> None:
+    """``rewind_dropped_fetches`` wraps the call whose records faust then drops when its flow has
+    stopped meanwhile (0.15.3), and reads aiokafka's subscription state of the release pinned."""
+    import inspect
+
+    import aiokafka
+    from faust.transport.consumer import Consumer
+
+    assert aiokafka.__version__ == faust_internals.AIOKAFKA_VERSION
+    getmany = inspect.getsource(Consumer.getmany)
+    fetch = getmany.index("await self._wait_next_records(timeout)")
+    assert fetch < getmany.index("if self.flow_active:") < getmany.index("await self.perform_seek()")
+
+
+def test_rewind_dropped_fetches_hands_faust_nothing_fetched_while_the_flow_stopped(tmp_path: Path) -> None:
+    async def check() -> None:
+        app = _app(tmp_path)
+        consumer: Any = app.consumer
+        records = {TP("c", 1): [SimpleNamespace(offset=4), SimpleNamespace(offset=9)], TP("e", 0): []}
+        rewound: list[dict[Any, tuple[int, int]]] = []
+
+        async def wait_next_records(timeout: float) -> tuple[Any, Any]:
+            return dict(records), {TP("c", 1)}
+
+        async def call_thread(fun: Any, aio: Any, spans: dict[Any, tuple[int, int]]) -> None:
+            assert fun is faust_internals.rewind_unmoved and aio == "aio"
+            rewound.append(spans)
+
+        consumer._wait_next_records = wait_next_records
+        consumer._thread = SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: "aio")
+        faust_internals.rewind_dropped_fetches(app)
+        faust_internals.rewind_dropped_fetches(app)  # idempotent
+        assert await consumer._wait_next_records(1.0) == (records, {TP("c", 1)})  # flowing: untouched
+        assert rewound == []
+        consumer.stop_flow()
+        assert await consumer._wait_next_records(1.0) == ({}, {TP("c", 1)})
+        assert rewound == [{TP("c", 1): (4, 10)}]  # from the first record to past the last
+
+    asyncio.run(check())
+
+
 def test_seek_uncommitted_to_start_rewinds_source_partitions_without_a_commit(tmp_path: Path) -> None:
     """A source partition with no committed offset (None) or 0 goes to its first record; one with a
     commit, and any partition of another topic (a changelog), are left to faust."""
