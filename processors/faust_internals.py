@@ -69,15 +69,19 @@ Why each is needed (faust 0.15.3 has no public way):
   ever ("No event received for active tp", the worker never ready). The consumer's
   ``_wait_next_records`` is wrapped on the instance: such records are not handed to faust, and each
   partition they came from is put back at the first of them, on the consumer's thread, only if its
-  position is still where they left it (a seek since, the recovery's or faust's, wins). That reads
-  aiokafka's subscription state (``AIOKafkaConsumer._subscription``), aiokafka's own record of a
-  partition's position, without ``position()``'s wait for one.
+  position is still where that fetch left it (a seek since, the recovery's or faust's, wins). Where
+  the fetch left it is read on the consumer's thread as the fetch returns (the consumer thread's
+  ``_fetch_records``, wrapped): past a compacted batch's end or a transaction marker it is not the
+  last record's offset + 1. Positions are read from aiokafka's subscription state
+  (``AIOKafkaConsumer._subscription``), aiokafka's own record of them, without ``position()``'s
+  wait for one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import types
 import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterator
@@ -88,6 +92,8 @@ import faust
 import faust.streams
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
+
+log = logging.getLogger(__name__)
 
 #: The faust-streaming release the accesses below were read from (DEPENDENCIES.md: use it exactly).
 FAUST_VERSION = "0.15.3"
@@ -161,12 +167,32 @@ def seek_uncommitted_to_start(app: faust.App, topics: frozenset[str]) -> None:
     consumer._effect_ledger_seek_uncommitted = True
 
 
+class _Fetched(dict[Any, Any]):
+    """A fetch's records, with where aiokafka put each partition's position as the fetch returned
+    (past the last record, or past a batch end or a transaction marker after it)."""
+
+    ends: dict[Any, int]
+
+
 def rewind_dropped_fetches(app: faust.App) -> None:
     """Never let faust drop fetched records without putting their partitions back where those
     records began (module docstring). Idempotent; call once the app's consumer exists."""
     consumer: Any = app.consumer
     if getattr(consumer, "_effect_ledger_rewind", False):
         return
+    thread = consumer._thread
+    fetch = thread._fetch_records
+
+    async def fetch_records(aio: Any, *args: Any, **kwargs: Any) -> Any:
+        # On the consumer's thread: the positions are read as the fetch returns, before anything
+        # else runs there (a seek).
+        records = await fetch(aio, *args, **kwargs)
+        if not records:
+            return records
+        fetched = _Fetched(records)
+        fetched.ends = positions(aio, fetched)
+        return fetched
+
     original = consumer._wait_next_records
 
     async def wait_next_records(timeout: float) -> Any:
@@ -174,28 +200,45 @@ def rewind_dropped_fetches(app: faust.App) -> None:
         if records and not consumer.flow_active:
             # faust would drop these (its getmany checks the flow after the fetch): hand it none,
             # and fetch them again once a partition is read from where it stands.
-            spans = {tp: (batch[0].offset, batch[-1].offset + 1) for tp, batch in records.items() if batch}
-            thread = consumer._thread
-            await thread.call_thread(rewind_unmoved, thread._ensure_consumer(), spans)
+            ends = getattr(records, "ends", {})
+            spans = {tp: (batch[0].offset, ends[tp]) for tp, batch in records.items() if batch and tp in ends}
+            try:
+                await thread.call_thread(rewind_unmoved, thread._ensure_consumer(), spans)
+            except Exception as e:  # stopping: faust's own seek back after a drop only logs too
+                log.warning("could not put fetched partitions back where their dropped records began: %r", e)
             return {}, active
         return records, active
 
+    thread._fetch_records = fetch_records
     consumer._wait_next_records = wait_next_records
     consumer._effect_ledger_rewind = True
 
 
+def positions(aio: Any, partitions: Any) -> dict[Any, int]:
+    """aiokafka's position of each of ``partitions`` that has one, read from its subscription state
+    (``position()`` would wait for a partition that has none)."""
+    subscription = aio._subscription.subscription
+    assignment = subscription.assignment if subscription is not None else None
+    if assignment is None:
+        return {}
+    found = {}
+    for tp in partitions:
+        if tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state.has_valid_position:
+                found[tp] = state.position
+    return found
+
+
 async def rewind_unmoved(aio: Any, spans: dict[Any, tuple[int, int]]) -> list[Any]:
     """On the consumer's thread: put each partition back at ``first`` if aiokafka's position for
-    it is still ``end`` (nothing sought it since the records ``first``..``end`` were fetched).
-    Nothing here waits, so no other seek runs between the look and the seek. Returns the
-    partitions put back."""
-    assignment = aio._subscription.subscription.assignment if aio._subscription.subscription else None
+    it is still ``end``, where the fetch that returned from ``first`` on left it (nothing sought it
+    since; a partition revoked meanwhile is its next owner's). Nothing here waits, so no other seek
+    runs between the look and the seek. Returns the partitions put back."""
+    now = positions(aio, spans)
     rewound = []
     for tp, (first, end) in spans.items():
-        if assignment is None or tp not in assignment.tps:
-            continue  # revoked meanwhile: its next owner reads it from the group's commit
-        state = assignment.state_value(tp)
-        if state.has_valid_position and state.position == end:
+        if now.get(tp) == end:
             aio.seek(tp, first)
             rewound.append(tp)
     return rewound

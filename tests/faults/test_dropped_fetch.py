@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import faust
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faust.types import TP
 
@@ -24,8 +25,9 @@ RECORDS = 10
 
 
 class _Thread:
-    """The consumer's thread, here the test's own loop: faust's calls into it, and a fetch during
-    which the flow stops."""
+    """The consumer's thread, here the test's own loop, shaped as faust's: ``getmany`` calls
+    ``_fetch_records`` through ``call_thread``. The flow stops while the fetch is out (what a
+    rebalance does); ``seek_meanwhile``: a seek of the recovery's runs after the fetch returned."""
 
     def __init__(self, aio: AIOKafkaConsumer, consumer: Any, seek_meanwhile: int | None) -> None:
         self.aio = aio
@@ -44,26 +46,46 @@ class _Thread:
     def highwater(self, tp: TP) -> int:
         return RECORDS
 
-    async def getmany(self, active_partitions: Any, timeout: float) -> Any:
-        tps = [TopicPartition(tp.topic, tp.partition) for tp in active_partitions]
-        records = await self.aio.getmany(*tps, timeout_ms=int(timeout * 1000))
+    async def _fetch_records(self, aio: AIOKafkaConsumer, active: Any, timeout: float, max_records: int) -> Any:
+        tps = [TopicPartition(tp.topic, tp.partition) for tp in active]
+        records = await aio.getmany(*tps, timeout_ms=int(timeout * 1000), max_records=max_records)
         self.consumer.stop_flow()  # a rebalance began while the fetch was out
-        if self.seek_meanwhile is not None:  # and its recovery sought the partition already
-            for tp in tps:
+        return records
+
+    async def getmany(self, active_partitions: Any, timeout: float) -> Any:
+        records = await self.call_thread(
+            self._fetch_records, self.aio, active_partitions, timeout=timeout, max_records=500
+        )
+        if self.seek_meanwhile is not None:  # the recovery's seek, queued behind the fetch
+            for tp in self.aio.assignment():
                 self.aio.seek(tp, self.seek_meanwhile)
         return records
 
 
 async def _scenario(
-    kafka_config: KafkaConfig, tmp_path: Path, *, rewind: bool, seek_meanwhile: int | None = None
+    kafka_config: KafkaConfig,
+    tmp_path: Path,
+    *,
+    rewind: bool,
+    seek_meanwhile: int | None = None,
+    transaction: bool = False,
 ) -> tuple[int, int, list[int]]:
-    """Returns (records faust handed on, the partition's position afterwards, offsets fetched again)."""
+    """Returns (records faust handed on, the partition's position afterwards, offsets fetched again).
+    ``transaction``: the records are written in one, whose commit marker follows them in the log: a
+    fetch then leaves the position past the marker, not at the last record + 1 (as past a compacted
+    batch's end)."""
     topic = kafka_config.topics.events
-    producer = AIOKafkaProducer(bootstrap_servers=kafka_config.bootstrap)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=kafka_config.bootstrap, transactional_id=f"{topic}-tx" if transaction else None
+    )
     await producer.start()
     try:
+        if transaction:
+            await producer.begin_transaction()
         for i in range(RECORDS):
             await producer.send_and_wait(topic, f"v{i}".encode(), key=b"k", partition=0)
+        if transaction:
+            await producer.commit_transaction()
     finally:
         await producer.stop()
     tp = TopicPartition(topic, 0)
@@ -91,8 +113,11 @@ async def _scenario(
         await aio.stop()
 
 
-def test_records_fetched_while_the_flow_stopped_are_fetched_again(kafka_config: KafkaConfig, tmp_path: Path) -> None:
-    handed, position, again = asyncio.run(_scenario(kafka_config, tmp_path, rewind=True))
+@pytest.mark.parametrize("transaction", [False, True], ids=["plain", "past-a-marker"])
+def test_records_fetched_while_the_flow_stopped_are_fetched_again(
+    kafka_config: KafkaConfig, tmp_path: Path, transaction: bool
+) -> None:
+    handed, position, again = asyncio.run(_scenario(kafka_config, tmp_path, rewind=True, transaction=transaction))
     assert handed == 0  # faust hands nothing on while its flow is stopped, as before
     assert position == 0, f"the partition stayed at {position}, past records nobody read"
     assert again == list(range(RECORDS))

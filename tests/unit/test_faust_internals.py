@@ -289,38 +289,73 @@ def test_faust_drops_what_a_fetch_returns_after_the_flow_stopped() -> None:
 
     import aiokafka
     from faust.transport.consumer import Consumer
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
     assert aiokafka.__version__ == faust_internals.AIOKAFKA_VERSION
+    # the fetch runs on the consumer's thread as _fetch_records, whose return the ends are read at
+    assert "self.call_thread(\n            self._fetch_records," in inspect.getsource(AIOKafkaConsumerThread.getmany)
     getmany = inspect.getsource(Consumer.getmany)
     fetch = getmany.index("await self._wait_next_records(timeout)")
     assert fetch < getmany.index("if self.flow_active:") < getmany.index("await self.perform_seek()")
 
 
 def test_rewind_dropped_fetches_hands_faust_nothing_fetched_while_the_flow_stopped(tmp_path: Path) -> None:
+    """The fetch's end positions are read on the consumer's thread as it returns (here 12: past a
+    marker after the last record, 9); a fetch returning while the flow is stopped is handed on as
+    nothing, and its partitions go back from those ends to their first records."""
+
     async def check() -> None:
         app = _app(tmp_path)
         consumer: Any = app.consumer
-        records = {TP("c", 1): [SimpleNamespace(offset=4), SimpleNamespace(offset=9)], TP("e", 0): []}
+        c1, e0, gone = TP("c", 1), TP("e", 0), TP("c", 2)
+        first, last = SimpleNamespace(offset=4), SimpleNamespace(offset=9)
+        fetched = {c1: [first, last], e0: [], gone: [SimpleNamespace(offset=1)]}
+        state = SimpleNamespace(has_valid_position=True, position=12)
+        assignment = SimpleNamespace(tps={c1, e0}, state_value=lambda tp: state)
+        aio = SimpleNamespace(_subscription=SimpleNamespace(subscription=SimpleNamespace(assignment=assignment)))
         rewound: list[dict[Any, tuple[int, int]]] = []
 
-        async def wait_next_records(timeout: float) -> tuple[Any, Any]:
-            return dict(records), {TP("c", 1)}
+        async def fetch_records(aio: Any, active: Any, timeout: float = 1.0, max_records: int = 1) -> Any:
+            return dict(fetched)
 
-        async def call_thread(fun: Any, aio: Any, spans: dict[Any, tuple[int, int]]) -> None:
-            assert fun is faust_internals.rewind_unmoved and aio == "aio"
-            rewound.append(spans)
+        async def call_thread(fun: Any, *args: Any, **kwargs: Any) -> Any:
+            if fun is faust_internals.rewind_unmoved:
+                rewound.append(args[1])
+                return []
+            return await fun(*args, **kwargs)
 
+        thread = SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: aio, _fetch_records=fetch_records)
+
+        async def wait_next_records(timeout: float) -> tuple[Any, Any]:  # faust's, through the thread
+            return await thread.call_thread(thread._fetch_records, aio, {c1}, timeout=timeout), {c1}
+
+        consumer._thread = thread
         consumer._wait_next_records = wait_next_records
-        consumer._thread = SimpleNamespace(call_thread=call_thread, _ensure_consumer=lambda: "aio")
         faust_internals.rewind_dropped_fetches(app)
         faust_internals.rewind_dropped_fetches(app)  # idempotent
-        assert await consumer._wait_next_records(1.0) == (records, {TP("c", 1)})  # flowing: untouched
+        records, active = await consumer._wait_next_records(1.0)  # flowing: handed on as fetched
+        assert (records, active) == (fetched, {c1}) and records.ends == {c1: 12, e0: 12}
         assert rewound == []
         consumer.stop_flow()
-        assert await consumer._wait_next_records(1.0) == ({}, {TP("c", 1)})
-        assert rewound == [{TP("c", 1): (4, 10)}]  # from the first record to past the last
+        assert await consumer._wait_next_records(1.0) == ({}, {c1})
+        assert rewound == [{c1: (4, 12)}]  # not the empty batch, not the partition no longer assigned
 
     asyncio.run(check())
+
+
+def test_rewind_unmoved_puts_back_only_a_partition_where_the_fetch_left_it() -> None:
+    positions = {TP("c", 0): 12, TP("c", 1): 30}
+    seeks: list[tuple[TP, int]] = []
+    assignment = SimpleNamespace(
+        tps=set(positions), state_value=lambda tp: SimpleNamespace(has_valid_position=True, position=positions[tp])
+    )
+    aio = SimpleNamespace(
+        _subscription=SimpleNamespace(subscription=SimpleNamespace(assignment=assignment)),
+        seek=lambda tp, offset: seeks.append((tp, offset)),
+    )
+    spans = {TP("c", 0): (4, 12), TP("c", 1): (5, 13), TP("c", 9): (0, 3)}  # c1 sought since; c9 revoked
+    assert asyncio.run(faust_internals.rewind_unmoved(aio, spans)) == [TP("c", 0)]
+    assert seeks == [(TP("c", 0), 4)]
 
 
 def test_seek_uncommitted_to_start_rewinds_source_partitions_without_a_commit(tmp_path: Path) -> None:
