@@ -6,13 +6,16 @@ script's folder holds no ``effect_ledger`` to shadow it. Uses only the API both 
 Prints one JSON line: wall and CPU (all threads) microseconds per effect, effects/s, and how
 many effects ended CONFIRMED. A fifth argument ``--no-sql`` runs this tree with the store's SQL
 replaced by nothing (``_without_sql``): the Python side alone; ``--parts`` adds the medians of the
-parts of a write that no Python of the ledger's can go under (``_timed_parts``, this tree only).
+parts of a write that no Python of the ledger's can go under (``_timed_parts``, this tree only);
+``--snapshot=PATH`` copies the file and its WAL to ``PATH`` and ``PATH-wal`` before the ledger
+closes (and checkpoints the WAL away), for ``tests.bench.wal_frames``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -86,7 +89,7 @@ def _timed_parts() -> None:
     Store._write_batch = timed_write_batch  # type: ignore[method-assign]
 
 
-async def main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
+async def main(mode: str, durability: str, n: int, path: str, snapshot: str | None = None) -> dict[str, Any]:
     ledger = await Ledger.open(path, durability=durability, targets=[Target("payments")])
     run = uuid.uuid4().hex
 
@@ -116,6 +119,9 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
             n = per * CONCURRENCY
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - c0
+        if snapshot:
+            shutil.copyfile(path, snapshot)
+            shutil.copyfile(path + "-wal", snapshot + "-wal")
     finally:
         await ledger.close()
     if NO_SQL:
@@ -132,6 +138,7 @@ async def main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
         "effects_per_s": n / elapsed,
         "confirmed": confirmed - 100,
         "n": n,
+        "warmup": 100,
     }
 
 
@@ -144,4 +151,5 @@ if __name__ == "__main__":
         _without_sql()
     if "--parts" in sys.argv[5:]:
         _timed_parts()
-    print(json.dumps(asyncio.run(main(mode, durability, n, path))))
+    snapshot = next((a.split("=", 1)[1] for a in sys.argv[5:] if a.startswith("--snapshot=")), None)
+    print(json.dumps(asyncio.run(main(mode, durability, n, path, snapshot))))

@@ -1,12 +1,12 @@
 """``python -m tests.bench.wal_frames [--effects N] [--baseline DIR]``: what one effect writes to the
 WAL, b-tree by b-tree.
 
-Runs ``N`` sequential ``Ledger.execute`` calls (NORMAL, a fresh file, ``sdk_probe``'s request) in a
-process of its own, copies the file and its WAL before the ledger closes (so nothing is
-checkpointed away), then reads the WAL's frames: each frame is one page of one transaction, and
-SQLite writes each with two ``pwrite`` calls (its 24-byte header, then the page). The pages are
-named by SQLite's own ``dbstat`` table. With ``--baseline DIR`` the same runs for another build
-(``DIR`` as for ``tests.bench.sdk_compare``), beside it.
+Runs ``N`` sequential ``Ledger.execute`` calls at NORMAL on a fresh file with ``sdk_probe.py`` (its
+request, in a process of its own, after its warm-up), which copies the file and its WAL before the
+ledger closes (``--snapshot``: nothing checkpointed away), then reads the WAL's frames: each frame
+is one page of one transaction, and SQLite writes each with two ``pwrite`` calls (its 24-byte
+header, then the page). The pages are named by SQLite's own ``dbstat`` table. With ``--baseline
+DIR`` the same runs for another build (``DIR`` as for ``tests.bench.sdk_compare``), beside it.
 
 Prints frames per transaction by b-tree over the last transactions, frames and bytes per effect.
 Every page an effect changes is a frame, a page of WAL and, at FULL, part of what the fsync waits
@@ -30,28 +30,7 @@ from typing import Any
 _HEADER = 32  # the WAL file's header
 _FRAME_HEADER = 24  # each frame's: page number, commit size, salts, checksums
 
-_RUN = r"""
-import asyncio, shutil, sys, uuid
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
-
-async def call(key):
-    return {"id": "re_" + key[-12:]}
-
-async def main(path, n, snap):
-    ledger = await Ledger.open(path, durability="NORMAL", targets=[Target("payments")])
-    run = uuid.uuid4().hex
-    try:
-        for i in range(n):
-            await ledger.execute(target="payments", operation="refund.create", run_id=run, step=f"refund-{i}",
-                                 request={"order": "123", "amount": 4800, "currency": "CNY"}, call=call)
-        shutil.copyfile(path, snap)
-        shutil.copyfile(path + "-wal", snap + "-wal")
-    finally:
-        await ledger.close()
-
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))
-"""
+PROBE = Path(__file__).with_name("sdk_probe.py")
 
 
 def frames(wal: bytes) -> tuple[int, list[list[int]]]:
@@ -89,10 +68,12 @@ def measure(effects: int, pythonpath: str | None, workdir: Path) -> dict[str, An
     env.pop("PYTHONPATH", None)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    subprocess.run(
-        [sys.executable, "-c", _RUN, str(path), str(effects), str(snap)],
-        env=env, check=True, cwd=tempfile.gettempdir(),
+    out = subprocess.run(
+        [sys.executable, str(PROBE), "sequential", "NORMAL", str(effects), str(path), f"--snapshot={snap}"],
+        env=env, check=True, capture_output=True, text=True, cwd=tempfile.gettempdir(),
     )  # fmt: skip
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    effects = probe["n"] + probe["warmup"]  # every effect the file holds
     page_size, txns = frames((workdir / "snapshot.db-wal").read_bytes())
     if not txns:
         raise SystemExit("the WAL holds no transaction: was it checkpointed before the copy?")

@@ -6,8 +6,7 @@ it, as in a worker."""
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import faust
@@ -16,6 +15,7 @@ import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
 
 from effect_ledger.processors import rocks
+from tests.services import wait_for
 
 
 @pytest.fixture
@@ -39,18 +39,10 @@ def _prop(db: rocksdict.Rdict, name: str) -> int:
 _BACKGROUND = ("num-running-flushes", "num-running-compactions", "mem-table-flush-pending", "compaction-pending")
 
 
-def _within(check: Callable[[], bool], what: str, seconds: float = 20.0) -> None:
-    end = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"{what}: not within {seconds} s")
-        time.sleep(0.01)  # polling RocksDB's own counters, never a fixed wait
-
-
 def _cache_usage(*dbs: rocksdict.Rdict) -> list[int]:
     """Each database's block cache usage once none of them flushes or compacts: RocksDB's background
     work (and the memtables the write buffer manager charges to the cache) changes it at any moment."""
-    _within(lambda: not any(_prop(db, name) for db in dbs for name in _BACKGROUND), "background work to end")
+    wait_for(lambda: not any(_prop(db, name) for db in dbs for name in _BACKGROUND), 20.0, "background work to end")
     return [_prop(db, "block-cache-usage") for db in dbs]
 
 
@@ -145,7 +137,7 @@ def test_a_reopened_partition_keeps_the_shared_cache(tmp_path: Path, fresh_cache
         for rnd in range(60):
             _fill(again, 2_000, b"%d" % rnd)
         # (a soft limit: a memtable being flushed still counts until its flush ends)
-        _within(lambda: _prop(again, "cur-size-all-mem-tables") < 2 * (2 << 20), "memtables under the limit")
+        wait_for(lambda: _prop(again, "cur-size-all-mem-tables") < 2 * (2 << 20), 20.0, "memtables under the limit")
         _fill(other, 20_000)
         other.flush()
         other.get(b"effect-000000001")  # reads through the cache
