@@ -19,9 +19,21 @@ services); their modules may move, these names stay.
 
 from __future__ import annotations
 
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import Effect
-from effect_ledger.streams.errors import (
+from effect_ledger.core.effect import Effect
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import DecisionKind, ReceiptSource, State
+from effect_ledger.core.reconcile import (
+    Absent,
+    Answer,
+    Backoff,
+    CallableReconciler,
+    EffectView,
+    Found,
+    Reconciler,
+    Target,
+    Unknown,
+)
+from effect_ledger.errors import (
     BodyErased,
     DefiniteFailure,
     EffectClosed,
@@ -42,24 +54,12 @@ from effect_ledger.streams.errors import (
     UnknownEffect,
     UnknownTarget,
 )
-from effect_ledger.streams.http_reconciler import HttpReconciler
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.ledger import Confirmation, Ledger
-from effect_ledger.streams.model import DecisionKind, ReceiptSource, State
-from effect_ledger.streams.reconcile import (
-    Absent,
-    Answer,
-    Backoff,
-    CallableReconciler,
-    EffectView,
-    Found,
-    Reconciler,
-    Target,
-    Unknown,
-)
-from effect_ledger.streams.store import Durability
-from effect_ledger.streams.sync import SyncLedger
-from effect_ledger.streams.targets import load_targets
+from effect_ledger.sdk.ledger import Confirmation, Ledger
+from effect_ledger.sdk.store.sqlite import Durability
+from effect_ledger.sdk.sync import SyncLedger
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.targets.http import HttpReconciler
+from effect_ledger.targets.load import load_targets
 
 __version__ = "0.1.0"
 

@@ -1,5 +1,5 @@
 """``python -m effect_ledger``: the ``effects`` command line."""
 
-from effect_ledger.processors.cli import main
+from effect_ledger.cli.main import main
 
 main()

@@ -2,12 +2,12 @@
 
     from effect_ledger.dbos import ledger_step
 
-The key rule and the decision contract: ``effect_ledger.processors.integrations.dbos``.
+The key rule and the decision contract: ``effect_ledger.integrations.dbos``.
 """
 
 from __future__ import annotations
 
-from effect_ledger.processors.integrations.dbos import (
+from effect_ledger.integrations.dbos import (
     DECISION_TOPIC,
     ESCALATION_EVENT,
     ledger_step,

@@ -2,11 +2,11 @@
 
     from effect_ledger.langgraph import ledger_effect
 
-The key rule and the interrupt/resume contract: ``effect_ledger.processors.integrations.langgraph``.
+The key rule and the interrupt/resume contract: ``effect_ledger.integrations.langgraph``.
 """
 
 from __future__ import annotations
 
-from effect_ledger.processors.integrations.langgraph import execute, ledger_effect, node_path, run_identity
+from effect_ledger.integrations.langgraph import execute, ledger_effect, node_path, run_identity
 
 __all__ = ["ledger_effect", "execute", "run_identity", "node_path"]

@@ -1,2 +1,3 @@
-"""The services that fold the stream: the embedded runner, reconcilers, the demo and the ``effects``
-command line."""
+"""The services that fold the stream (``effect_ledger.processors``): the faust ledger processor and
+the reconciliation consumers. May import ``core``, ``streams``, ``targets``, ``sdk``; faust's private
+parts only through ``_faust_internals``."""

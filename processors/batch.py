@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from effect_ledger.core.effect import Effect, apply, claim_verdict
+from effect_ledger.core.model import Event, UncertainEffect
 from effect_ledger.processors.table_value import TableValueTooLarge
-from effect_ledger.streams.effect import Effect, apply, claim_verdict
-from effect_ledger.streams.model import Event, UncertainEffect
 
 T = TypeVar("T")  # what the caller tags each event with (its Kafka message)
 

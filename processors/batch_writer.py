@@ -32,7 +32,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from effect_ledger.streams.errors import LedgerError
+from effect_ledger.errors import LedgerError
 
 #: The ``client.id`` of the worker's fold writer (its producer), as the broker's logs and quotas see it.
 CLIENT_ID = "effect-ledger-fold"

@@ -10,9 +10,9 @@ import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from effect_ledger.streams.effect import Effect
-from effect_ledger.streams.model import IN_FLIGHT_STATES, State
-from effect_ledger.streams.reconcile import Target, next_check_ms, target_for, target_name
+from effect_ledger.core.effect import Effect
+from effect_ledger.core.model import IN_FLIGHT_STATES, State
+from effect_ledger.core.reconcile import Target, next_check_ms, target_for, target_name
 
 #: A timeout command or a re-published work item not folded after this long is sent again.
 RESEND_AFTER_MS = 5000
@@ -22,7 +22,7 @@ _MAX_SAMPLES = 4000  # ticks of high watermarks kept per partition (a few minute
 def due_of(effect: Effect, targets: Mapping[str, Target], first_check_ms: int) -> int | None:
     """When the timer must next look at this effect: the deadline of an open attempt, or the time to
     ask the reconcilers again about an uncertain one, by its target's backoff
-    (``effect_ledger.streams.reconcile.next_check_ms``, the embedded runner's rule too); an effect
+    (``effect_ledger.core.reconcile.next_check_ms``, the embedded runner's rule too); an effect
     nobody answered about yet, ``first_check_ms`` after it became uncertain."""
     if effect.state in IN_FLIGHT_STATES:
         return effect.deadline_ms

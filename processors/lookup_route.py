@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from effect_ledger.core.effect import Effect, to_state
+from effect_ledger.sdk.kafka.lookup import FoldedThrough, folded_through_asked
 from effect_ledger.streams.config import same_secret
-from effect_ledger.streams.effect import Effect, to_state
-from effect_ledger.streams.keyurl import key_url
-from effect_ledger.streams.lookup import FoldedThrough, folded_through_asked
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.targets.keyurl import key_url
 
 Answer = tuple[int, dict[str, Any]]
 

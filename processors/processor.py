@@ -70,7 +70,12 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
-from effect_ledger.processors import faust_internals, native_memory, retirement, rocks, table_value
+from effect_ledger.core.effect import Effect, expire, to_state, uncertain_event
+from effect_ledger.core.model import Event, Executed, Retirement, State, Timeout, misplaced
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import ConfigError
+from effect_ledger.processors import _faust_internals as faust_internals
+from effect_ledger.processors import native_memory, retirement, rocks, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.batch_writer import CLIENT_ID as FOLD_CLIENT_ID
 from effect_ledger.processors.batch_writer import BatchWriter
@@ -78,17 +83,13 @@ from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
 from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, DRAIN_S, throughput_settings
 from effect_ledger.processors.handover import Handover
 from effect_ledger.processors.lookup_route import LookupRoute
+from effect_ledger.sdk.kafka.claims import Watermarks
+from effect_ledger.sdk.kafka.lookup import TOKEN_ENV
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams import codec as codec_mod
-from effect_ledger.streams.claims import Watermarks
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
-from effect_ledger.streams.effect import Effect, expire, to_state, uncertain_event
-from effect_ledger.streams.errors import ConfigError
-from effect_ledger.streams.lookup import TOKEN_ENV
-from effect_ledger.streams.model import Event, Executed, Retirement, State, Timeout, misplaced
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.relay import producer_config
 from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.processor")
@@ -150,7 +151,7 @@ class LedgerProcessor:
     def __init__(self, settings: ProcessorSettings, metrics: Any = None) -> None:
         settings.check_web()
         self.s = settings
-        self.metrics = metrics  # a LedgerMetrics (effect_ledger.streams.metrics), or None
+        self.metrics = metrics  # a LedgerMetrics (effect_ledger.metrics.names), or None
         self.codec = kafka_codec(settings.kafka, writes=True)  # publishes its schemas, learns newer ones
         k = settings.kafka
         topics = k.topics

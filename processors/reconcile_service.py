@@ -1,7 +1,7 @@
 """Reconciliation consumers: a consumer group on ``effects.uncertain``.
 
 For each uncertain effect: ask the target's reconciler, under the target's timeout, and judge the
-answer (``effect_ledger.streams.reconcile.ask`` and ``judge``: found -> CONFIRMED, absent -> ABSENT,
+answer (``effect_ledger.core.reconcile.ask`` and ``judge``: found -> CONFIRMED, absent -> ABSENT,
 unknown -> asked again after the target's backoff, re-published by the processor, then ESCALATED),
 and write the resolution to ``effects.events``.
 
@@ -23,12 +23,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect
+from effect_ledger.core.reconcile import Target, ask, judge, only_the_agent_can_ask, target_for, view_of_uncertain
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.codec import DecodeError, EncodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.dlq import dead_letter
-from effect_ledger.streams.model import DeadLetter, Resolution, UncertainEffect
-from effect_ledger.streams.reconcile import Target, ask, judge, only_the_agent_can_ask, target_for, view_of_uncertain
-from effect_ledger.streams.relay import producer_config
 from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.reconcilers")
@@ -229,7 +229,7 @@ class ReconcileService:
         return self.cfg.topics.events, u.effect_id.encode(), resolution
 
     async def _resolve(self, u: UncertainEffect) -> Resolution | None:
-        """Ask about one uncertain effect and judge the answer (``effect_ledger.streams.reconcile``:
+        """Ask about one uncertain effect and judge the answer (``effect_ledger.core.reconcile``:
         the same target rule, ask and judge as the SDK and the embedded runner). None: only the
         agent can ask this destination, so nothing is written."""
         target, declared = target_for(self.targets, u.target)

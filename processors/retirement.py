@@ -1,4 +1,4 @@
-"""Retirement in the ledger processor (the rule: ``effect_ledger.streams.retention``).
+"""Retirement in the ledger processor (the rule: ``effect_ledger.core.retention``).
 
 A ``Retirement`` command arrives on ``effects.events`` (written by ``effects retire``). Inside the
 stream, as every table write must be, the processor checks it against the table (the effect is
@@ -21,9 +21,9 @@ import logging
 import struct
 from typing import Any
 
-from effect_ledger.streams.effect import to_state
-from effect_ledger.streams.model import Retirement
-from effect_ledger.streams.retention import Retired, why_not
+from effect_ledger.core.effect import to_state
+from effect_ledger.core.model import Retirement
+from effect_ledger.core.retention import Retired, why_not
 
 log = logging.getLogger("effect_ledger.processor")
 

@@ -25,7 +25,7 @@ from typing import Any
 import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
 
-from effect_ledger.processors import faust_internals
+from effect_ledger.processors import _faust_internals as faust_internals
 
 log = logging.getLogger("effect_ledger.processor")
 

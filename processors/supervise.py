@@ -16,9 +16,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Self
 
+from effect_ledger.core.keys import key_path_segment
+from effect_ledger.sdk.kafka.lookup import TOKEN_ENV
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import key_path_segment
-from effect_ledger.streams.lookup import TOKEN_ENV
 
 
 def free_port() -> int:

@@ -40,11 +40,11 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from effect_ledger.streams import effect as effect_mod
-from effect_ledger.streams import model as model_mod
-from effect_ledger.streams.effect import Effect, apply
-from effect_ledger.streams.limits import MAX_TABLE_VALUE_BYTES
-from effect_ledger.streams.model import INEXACT, INEXACT_PREFIX, Intent, Receipt, Resolution, is_event
+from effect_ledger.core import effect as effect_mod
+from effect_ledger.core import model as model_mod
+from effect_ledger.core.effect import Effect, apply
+from effect_ledger.core.limits import MAX_TABLE_VALUE_BYTES
+from effect_ledger.core.model import INEXACT, INEXACT_PREFIX, Intent, Receipt, Resolution, is_event
 
 FORMAT = 2
 LEGACY_FORMAT = 1

@@ -33,7 +33,7 @@ def _child(
 
     metrics = None
     if metrics_port is not None:
-        from effect_ledger.streams.metrics import LedgerMetrics
+        from effect_ledger.metrics.names import LedgerMetrics
 
         metrics = LedgerMetrics(feature="effects worker --metrics-port")
         metrics.serve(metrics_port, metrics_host, metrics_token)

@@ -1,2 +1,3 @@
-"""The client side of effect-ledger: the event model, the pure effect state machine, the Avro codec,
-topic administration, the producer SDK (``Ledger``) and its local store."""
+"""The topics and what flows on them (``effect_ledger.streams``): topic config and admin, the Avro
+codec, the registry framing and schemas topic, partitioning, watermarks, dead letters. May import
+``core``, ``errors`` and ``schemas``; never the SDK, the processors or faust."""

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from effect_ledger.errors import ConfigError, LedgerError
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import ConfigError, LedgerError
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -98,7 +98,7 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
         # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
         # processor folds both into one table.
         TopicSpec(t.decisions, cfg.partitions, cfg.replication, keep),
-        # The keys of encrypted request bodies (streams/keyring_kafka.py): compacted, and cleaned
+        # The keys of encrypted request bodies (effect_ledger/sdk/kafka/keyring.py): compacted, and cleaned
         # soon after a key is erased (its tombstone), so an erased key leaves the broker's disks
         # within hours (segment.ms + delete.retention.ms), not whenever a segment happens to fill.
         TopicSpec(t.keys, cfg.partitions, cfg.replication, KEYS_TOPIC_CONFIG),

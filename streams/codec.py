@@ -32,9 +32,9 @@ from fastavro.validation import ValidationError
 from fastavro.validation import validate as _validate
 
 from effect_ledger import schemas
-from effect_ledger.streams import model
-from effect_ledger.streams.avro_writer import compile_record
-from effect_ledger.streams.errors import LedgerError
+from effect_ledger.core import model
+from effect_ledger.errors import LedgerError
+from effect_ledger.streams._avro_writer import compile_record
 
 MAGIC = b"\xc3\x01"
 HEADER = "effect-ledger.schema"
@@ -126,7 +126,7 @@ def _builder(cls: type) -> Callable[[dict[str, Any]], Any]:
 
 
 class Codec:
-    """Encodes and decodes the records of ``effect_ledger.streams.model`` with the schemas of ``schemas/``."""
+    """Encodes and decodes the records of ``effect_ledger.core.model`` with the schemas of ``schemas/``."""
 
     def __init__(
         self, resolver: Resolver | None = None, registry: Registry | None = None, frame_writes: bool = False

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from effect_ledger.streams.model import DeadLetter
+from effect_ledger.core.model import DeadLetter
 
 #: Bytes of the original record value kept in a dead letter.
 MAX_VALUE_COPY = 64 * 1024

@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from effect_ledger.streams.errors import LedgerError
+from effect_ledger.errors import LedgerError
 
 #: A registry answer larger than this is refused (a schema of ours is ~1-2 KiB).
 MAX_ANSWER_BYTES = 1024 * 1024

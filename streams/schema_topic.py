@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from effect_ledger.errors import LedgerError
 from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import LedgerError
 from effect_ledger.streams.registry import RegistryClient
 from effect_ledger.streams.watermarks import high_watermark
 

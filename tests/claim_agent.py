@@ -15,10 +15,10 @@ import time
 import urllib.request
 from typing import Any
 
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectInProgress, LedgerError
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import EffectInProgress, LedgerError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
 
 
 def refund(gateway: str, key: str) -> dict[str, Any]:
@@ -34,9 +34,7 @@ def refund(gateway: str, key: str) -> dict[str, Any]:
 
 async def main(db: str, bootstrap: str, prefix: str, partitions: int, lookup: str, gateway: str) -> None:
     cfg = KafkaConfig(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
-    async with await Ledger.open(
-        db, targets=[Target("payments")], kafka=cfg, sync=True, lookup=lookup
-    ) as ledger:
+    async with await Ledger.open(db, targets=[Target("payments")], kafka=cfg, sync=True, lookup=lookup) as ledger:
         print(json.dumps({"ready": ledger.worker}), flush=True)
         while True:
             line = await asyncio.to_thread(sys.stdin.readline)

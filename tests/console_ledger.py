@@ -9,8 +9,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.model import Event, Intent, Resolution, Timeout, TimeoutPhase, Verdict
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import Event, Intent, Resolution, Timeout, TimeoutPhase, Verdict
 from tests.incident import Incident, incident
 from tests.ops_expected import write_ledger
 

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
-from effect_ledger.processors.console.app import make_app
-from effect_ledger.processors.console.auth import Credentials
-from effect_ledger.processors.console.source import Source
+from effect_ledger.console.app import make_app
+from effect_ledger.console.auth import Credentials
+from effect_ledger.console.source import Source
 
 
 @contextmanager
@@ -24,9 +24,9 @@ def serve(db: str | Source, credentials: Credentials, *, guard_reads: bool = Fal
     box: dict[str, object] = {}
 
     async def start() -> web.AppRunner:
-        runner = web.AppRunner(make_app(
-            db if isinstance(db, Source) else Source(db=db), credentials, guard_reads=guard_reads
-        ))
+        runner = web.AppRunner(
+            make_app(db if isinstance(db, Source) else Source(db=db), credentials, guard_reads=guard_reads)
+        )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

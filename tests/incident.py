@@ -18,8 +18,8 @@ import json
 import random
 from dataclasses import dataclass
 
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.model import (
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import (
     Event,
     Executed,
     Intent,
@@ -74,21 +74,54 @@ def incident(now_ms: int, seed: int = 7) -> Incident:
         target = "payments" if i % 10 else "tickets"
         key = effect_key(target, "create", "incident-run", f"step-{i}")
         t = start + i * 600 + rng.randint(0, 100)  # spread over 10 minutes
-        kind = "doubled" if i < DOUBLED else "stuck" if i < DOUBLED + STUCK else (
-            "uncertain" if i < DOUBLED + STUCK + UNCERTAIN else "normal")
+        kind = (
+            "doubled"
+            if i < DOUBLED
+            else "stuck"
+            if i < DOUBLED + STUCK
+            else ("uncertain" if i < DOUBLED + STUCK + UNCERTAIN else "normal")
+        )
         keyed = kind != "doubled"
         attempts = 2 if kind == "doubled" else 1
         for a in range(1, attempts + 1):
             ta = t + (a - 1) * 5000
             deadline = ta + 10_000
-            events.append(Intent(f"i{a}-{i}", key, ta, a, target, "create", "default", "incident-run", f"step-{i}",
-                                 json.dumps({"n": i}), f"d{i}", deadline, "worker-1", keyed))
+            events.append(
+                Intent(
+                    f"i{a}-{i}",
+                    key,
+                    ta,
+                    a,
+                    target,
+                    "create",
+                    "default",
+                    "incident-run",
+                    f"step-{i}",
+                    json.dumps({"n": i}),
+                    f"d{i}",
+                    deadline,
+                    "worker-1",
+                    keyed,
+                )
+            )
             if kind == "stuck":
                 continue
             if kind == "uncertain":
                 events.append(Timeout(f"timeout:call:1:{key}", key, deadline + 1000, 1, TimeoutPhase.CALL, deadline))
-                events.append(Resolution(f"resolution:1:1:{key}", key, deadline + 1500, 1, Verdict.FOUND, "http:gw",
-                                         "found at the destination", f"re-{i}", "{}", 1))
+                events.append(
+                    Resolution(
+                        f"resolution:1:1:{key}",
+                        key,
+                        deadline + 1500,
+                        1,
+                        Verdict.FOUND,
+                        "http:gw",
+                        "found at the destination",
+                        f"re-{i}",
+                        "{}",
+                        1,
+                    )
+                )
                 continue
             events.append(Executed(f"x{a}-{i}", key, ta + 42, a, Outcome.OK, None, ta + 1, ta + 40, None, "worker-1"))
             events.append(Receipt(f"r{a}-{i}", key, ta + 43, a, f"re-{i}-{a}", ReceiptSource.CALL, "{}"))

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.streams.effect import Effect
-from effect_ledger.streams.model import Event
-from effect_ledger.streams.store import Store
+from effect_ledger.core.effect import Effect
+from effect_ledger.core.model import Event
+from effect_ledger.sdk.store.sqlite import Store
 from tests.incident import EXPECTED, Expected, Incident
 
 CHECKS = (

@@ -32,8 +32,20 @@ from typing import Any, TypeVar
 
 import pytest
 
-from effect_ledger.streams.effect import DECISION_GRACE_MS
-from effect_ledger.streams.errors import (
+from effect_ledger.core.effect import DECISION_GRACE_MS
+from effect_ledger.core.keys import DEFAULT_NAMESPACE, canonical_json, digest, effect_key
+from effect_ledger.core.model import (
+    DecisionKind,
+    Executed,
+    Flag,
+    Intent,
+    Outcome,
+    ReceiptSource,
+    State,
+    Verdict,
+)
+from effect_ledger.core.reconcile import Absent, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.errors import (
     DecisionRefused,
     DefiniteFailure,
     EffectClosed,
@@ -44,20 +56,8 @@ from effect_ledger.streams.errors import (
     LedgerClosed,
     UnknownEffect,
 )
-from effect_ledger.streams.keys import DEFAULT_NAMESPACE, canonical_json, digest, effect_key
-from effect_ledger.streams.ledger import Confirmation, Ledger
-from effect_ledger.streams.model import (
-    DecisionKind,
-    Executed,
-    Flag,
-    Intent,
-    Outcome,
-    ReceiptSource,
-    State,
-    Verdict,
-)
-from effect_ledger.streams.reconcile import Absent, CallableReconciler, EffectView, Found, Target, Unknown
-from effect_ledger.streams.store import ClaimOp
+from effect_ledger.sdk.ledger import Confirmation, Ledger
+from effect_ledger.sdk.store.sqlite import ClaimOp
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -175,8 +175,19 @@ async def write_pending(
     now = ledger.now_ms()
     canonical = canonical_json(REQUEST if request is None else request)
     intent = Intent(
-        uuid.uuid4().hex, key, now, 1, target, operation, namespace, run_id, step, canonical, digest(canonical),
-        now + int(timeout_s * 1000), owner or ledger.worker,
+        uuid.uuid4().hex,
+        key,
+        now,
+        1,
+        target,
+        operation,
+        namespace,
+        run_id,
+        step,
+        canonical,
+        digest(canonical),
+        now + int(timeout_s * 1000),
+        owner or ledger.worker,
     )
     await ledger.store.append(
         None, [intent], now_ms=now, claim_op=ClaimOp.TAKE, owner=ledger.worker, claim_until_ms=intent.deadline_ms
@@ -220,9 +231,9 @@ _RACE_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, os, sys, time
     from pathlib import Path
-    from effect_ledger.streams.errors import EffectInProgress
-    from effect_ledger.streams.ledger import Ledger
-    from effect_ledger.streams.reconcile import Target
+    from effect_ledger.errors import EffectInProgress
+    from effect_ledger.sdk.ledger import Ledger
+    from effect_ledger.core.reconcile import Target
 
     db, me, workdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 
@@ -312,7 +323,10 @@ class LedgerContract(abc.ABC):
             assert dest.calls == [KEY]
             assert second.called is False
             assert (second.effect_id, second.receipt_id, second.value, second.attempt) == (
-                first.effect_id, first.receipt_id, first.value, first.attempt
+                first.effect_id,
+                first.receipt_id,
+                first.value,
+                first.attempt,
             )
             assert db_counts(ledger.store.path) == counts
 
@@ -524,7 +538,11 @@ class LedgerContract(abc.ABC):
             c = await self.execute(ledger, dest)
             assert dest.calls == []
             assert (c.effect_id, c.receipt_id, c.value, c.called, c.source) == (
-                key, "re_77", {"id": "re_77"}, False, ReceiptSource.RECONCILER
+                key,
+                "re_77",
+                {"id": "re_77"},
+                False,
+                ReceiptSource.RECONCILER,
             )
             assert [(v.effect_id, v.request, v.attempt) for v in asked] == [(key, REQUEST, 1)]
             assert (await ledger.get(key)).state is State.CONFIRMED  # type: ignore[union-attr]
@@ -576,7 +594,8 @@ class LedgerContract(abc.ABC):
         run(self.with_ledger(self.db(tmp_path), body, clock=clock, targets=[target]))
 
     @pytest.mark.parametrize(
-        "answer", [Unknown("lookup timed out"), RuntimeError("lookup crashed"), "not an answer"],
+        "answer",
+        [Unknown("lookup timed out"), RuntimeError("lookup crashed"), "not an answer"],
         ids=["unknown", "raises", "bad-answer"],
     )
     def test_dead_owner_unknown_is_uncertain_and_nothing_sent(self, tmp_path: Path, answer: Any) -> None:
@@ -979,7 +998,8 @@ class LedgerContract(abc.ABC):
         self._refused(tmp_path, InvalidEffect, operation=operation)
 
     @pytest.mark.parametrize(
-        "request_", [{"tags": {"a"}}, {"who": object()}, {"amount": float("nan")}, math.inf, {1: "a", "b": 2}],
+        "request_",
+        [{"tags": {"a"}}, {"who": object()}, {"amount": float("nan")}, math.inf, {1: "a", "b": 2}],
         ids=["set", "object", "nan", "inf", "mixed-keys"],
     )
     def test_request_not_json(self, tmp_path: Path, request_: Any) -> None:
@@ -1146,8 +1166,14 @@ class LedgerContract(abc.ABC):
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         env.pop("EFFECT_LEDGER_CRASH", None)
         procs = [
-            subprocess.Popen(self.race_command(path, me, tmp_path), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, env=env, cwd=ROOT, text=True)
+            subprocess.Popen(
+                self.race_command(path, me, tmp_path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=ROOT,
+                text=True,
+            )
             for me in ("a", "b")
         ]
         outs = []

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.codec import DecodeError, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.relay import producer_config
 from tests.services import Service
 
 S = TypeVar("S", bound=Service)
@@ -213,7 +213,7 @@ def run_agent(
     env = dict(os.environ, EFFECT_LEDGER_CRASH=crash)
     return subprocess.Popen(
         [
-            sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,
+            sys.executable, "-m", "effect_ledger.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,
             "--prefix", cfg.prefix, "--workdir", str(workdir), "--gateway", gateway, "--run-id", run_id,
             "--order", run_id, "--timeout", str(timeout), *extra,
         ],

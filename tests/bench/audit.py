@@ -1,7 +1,7 @@
 """audit_replay: ``effects audit --from T --to T`` over a replayed window of effects.events.
 
 Once, on a fresh topic set (timed separately, not the benchmark): a bare confluent-kafka Producer
-with the relay's settings (``effect_ledger.streams.relay.producer_config``) fills ``effects.events`` with N events
+with the relay's settings (``effect_ledger.sdk.kafka.relay.producer_config``) fills ``effects.events`` with N events
 (--quick: 100,000) of N/3 realistic effects, each as the SDK writes it: an intent, the execution
 (OK) and its receipt, keyed by the effect id, encoded with the real codec, with the Kafka timestamp
 set to the event's ``at_ms``. One effect begins every ``STEP_MS`` ms and its three events fall inside
@@ -13,7 +13,7 @@ Each repetition measures, on that topic (the order alternates between repetition
 * raw limit: a bare consumer assigned to every partition at ``offsets_for_times(window start)``,
   reading to the end offsets (high watermarks at the start) and decoding every value with
   ``effect_ledger.streams.codec.default_codec().decode``; the fetch settings of
-  ``effect_ledger.processors.ops.sources``;
+  ``effect_ledger.ops.sources``;
 * in-process: ``audit(replay_events(cfg, start, build=False), start, end, now)`` in this process;
 * the command: ``python -m effect_ledger audit --prefix P --from START --to END --json`` as a child
   process: wall time from spawn to exit (Python start-up, imports and the broker handshake included),
@@ -53,12 +53,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from effect_ledger.processors.ops.audit import audit
-from effect_ledger.processors.ops.sources import replay_events
+from effect_ledger.core.keys import canonical_json, effect_key
+from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
+from effect_ledger.ops.audit import audit
+from effect_ledger.ops.sources import replay_events
 from effect_ledger.streams.codec import HEADER, default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import canonical_json, effect_key
-from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from tests.bench.common import (
     ROOT,
     BenchResult,
@@ -84,7 +84,7 @@ DEADLINE_MS = 30_000
 MAX_REPS = 3  # a full repetition replays 1,000,000 events three times (about 2 minutes here)
 FLUSH_TIMEOUT = 120.0
 HEAP_PROBE_EFFECTS = 50_000  # tracemalloc slows the fold: its probe replays only the last ones
-# What effect_ledger.processors.ops.sources._consumer sets: the raw consumer fetches like the replay does.
+# What effect_ledger.ops.sources._consumer sets: the raw consumer fetches like the replay does.
 FETCH = {"fetch.max.bytes": 52_428_800, "queued.max.messages.kbytes": 262_144}
 
 
@@ -101,7 +101,7 @@ class Window:
 
 
 def _event_id(rng: random.Random, at_ms: int) -> str:
-    """Like ``effect_ledger.streams.ledger.new_event_id``: 48-bit ms then 80 random bits, 32 hex characters."""
+    """Like ``effect_ledger.sdk.ledger.new_event_id``: 48-bit ms then 80 random bits, 32 hex characters."""
     return f"{at_ms:012x}{rng.getrandbits(80):020x}"
 
 
@@ -329,8 +329,8 @@ a = json.loads(sys.argv[1])
 if a["trace"]:
     import tracemalloc
     tracemalloc.start()
-from effect_ledger.processors.ops.audit import audit
-from effect_ledger.processors.ops.sources import replay_events
+from effect_ledger.ops.audit import audit
+from effect_ledger.ops.sources import replay_events
 from effect_ledger.streams.config import KafkaConfig
 
 try:

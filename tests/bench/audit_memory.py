@@ -3,7 +3,7 @@ synthetic events (the effects of ``tests.bench.audit``: intent, execution, recei
 ``audit()`` as a replay hands them over, one at a time, and prints the peak resident memory
 (VmHWM), the events per second and where the spill went. What it shows is the fold's bound
 (``MEMORY_EVENTS`` in memory, the rest on disk); the Kafka client's fetch queue is bounded by
-itself (``queued.max.messages.kbytes`` in ``effect_ledger.processors.ops.sources``) and measured
+itself (``queued.max.messages.kbytes`` in ``effect_ledger.ops.sources``) and measured
 by the ``audit_replay`` benchmark."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import time
 from collections.abc import Iterator
 
-from effect_ledger.processors.ops.audit import MEMORY_EVENTS, audit
-from effect_ledger.processors.ops.sources import Replayed
+from effect_ledger.ops.audit import MEMORY_EVENTS, audit
+from effect_ledger.ops.sources import Replayed
 from tests.bench.audit import _effects
 from tests.bench.common import rss_mb
 

@@ -30,12 +30,12 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from effect_ledger.streams import claims
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import LedgerUnavailable
+from effect_ledger.sdk.kafka import claims
+from effect_ledger.sdk.kafka.relay import Relay
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import LedgerUnavailable
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.relay import Relay
 from tests.bench.common import BenchResult, Context, Metric, fmt, percentile
 from tests.bench.detection import Background
 from tests.bench.processor import start_processor

@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.admin import delete_topics, ensure_topics, list_topics
 from effect_ledger.streams.codec import HEADER, default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
-from effect_ledger.streams.relay import producer_config
 
 ROOT = Path(__file__).resolve().parents[2]
 N = TypeVar("N", int, float)
@@ -359,7 +359,7 @@ class EventFactory:
 
 
 def bare_producer(cfg: KafkaConfig, **extra: Any) -> Producer:
-    """A producer with the relay's settings (``effect_ledger.streams.relay.producer_config``)."""
+    """A producer with the relay's settings (``effect_ledger.sdk.kafka.relay.producer_config``)."""
     return Producer(producer_config(cfg, **extra))
 
 

@@ -36,10 +36,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from effect_ledger.core.model import Intent, UncertainEffect
 from effect_ledger.processors.processor import ProcessorSettings
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import Intent, UncertainEffect
 from tests.bench.common import (
     BenchResult,
     Context,

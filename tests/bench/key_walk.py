@@ -109,10 +109,10 @@ async def agent_leg(walk: Walk, work: Path) -> Path:
 def processor_leg(walk: Walk, db: Path) -> None:
     import sqlite3
 
+    from effect_ledger.core.effect import to_state
     from effect_ledger.processors import table_value
     from effect_ledger.processors.batch import fold_key, group_by_key
     from effect_ledger.streams.codec import default_codec
-    from effect_ledger.streams.effect import to_state
 
     conn = sqlite3.connect(db)
     try:

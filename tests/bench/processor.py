@@ -34,10 +34,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from effect_ledger.core.effect import Effect, apply
 from effect_ledger.processors.supervise import Processor
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import Effect, apply
 from tests.bench.common import (
     ROOT,
     BenchResult,

@@ -3,7 +3,7 @@
 The outbox is filled once, through the ledger's own store connection (one bulk transaction of
 encoded Intent/Executed/Receipt rows; timed separately, not the benchmark). Each repetition marks
 every row unsent again and drains it to a fresh topic set. Raw limit, in the same repetition: a bare
-confluent-kafka Producer with the relay's settings (``effect_ledger.streams.relay.producer_config``) sending the
+confluent-kafka Producer with the relay's settings (``effect_ledger.sdk.kafka.relay.producer_config``) sending the
 same keys, values and headers to another fresh topic set (no per-record delivery callback; the
 record count on the topic is checked afterwards), then ``flush()``. The two alternate which goes
 first. Both producers are warmed with one record to the prefix's dlq topic before the clock starts:
@@ -18,9 +18,9 @@ import sqlite3
 import time
 from typing import Any
 
+from effect_ledger.sdk.kafka.relay import Relay
+from effect_ledger.sdk.store.sqlite import Durability, Store
 from effect_ledger.streams.codec import HEADER
-from effect_ledger.streams.relay import Relay
-from effect_ledger.streams.store import Durability, Store
 from tests.bench.common import (
     BenchResult,
     Context,

@@ -25,8 +25,8 @@ from typing import Any
 
 import aiosqlite
 
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
+from effect_ledger.core.reconcile import Target
+from effect_ledger.sdk.ledger import Ledger
 from tests.bench.common import BenchResult, Context, Metric, disk_info, fmt, percentile
 
 CONCURRENCY = 64

@@ -35,9 +35,7 @@ PROBE = Path(__file__).with_name("sdk_probe.py")
 ROWS = [("sequential", "NORMAL"), ("sequential", "FULL"), ("concurrent", "NORMAL")]
 
 
-def probe(
-    mode: str, durability: str, n: int, path: Path, pythonpath: str | None, *flags: str
-) -> dict[str, Any]:
+def probe(mode: str, durability: str, n: int, path: Path, pythonpath: str | None, *flags: str) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
     if pythonpath:

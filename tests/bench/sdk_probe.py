@@ -24,8 +24,8 @@ import time
 import uuid
 from typing import Any
 
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
+from effect_ledger.core.reconcile import Target
+from effect_ledger.sdk.ledger import Ledger
 
 CONCURRENCY = 64
 REQUEST = {"order": "123", "amount": 4800, "currency": "CNY"}
@@ -39,7 +39,7 @@ def _without_sql() -> None:
     """Replace the store's write transaction by one that runs no SQL and reports every write as
     committed: what is left is the ledger's Python alone (the raw limit the SQL is measured
     against). This tree's store only (``Store._write_batch``)."""
-    from effect_ledger.streams.store import Store
+    from effect_ledger.sdk.store.sqlite import Store
 
     Store._write_batch = lambda self, ops: [1 for _ in ops]  # type: ignore[method-assign]
 
@@ -53,7 +53,7 @@ def _timed_parts() -> None:
     transaction on the store's thread (at FULL, with the intent's fsync), the hop there and back
     (from the submission to the thread's start, and from its end to the caller's resumption), and
     a transaction committed on the loop's thread (a lone write that needs no fsync)."""
-    from effect_ledger.streams.store import Store
+    from effect_ledger.sdk.store.sqlite import Store
 
     waiting, transact, write_batch = Store._waiting, Store._transact, Store._write_batch
     ran: list[tuple[float, float]] = []

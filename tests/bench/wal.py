@@ -22,9 +22,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.store import WAL_LIMIT_BYTES
+from effect_ledger.core.reconcile import Target
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.store.sqlite import WAL_LIMIT_BYTES
 from tests.bench.common import BenchResult, Context, Metric, disk_info
 
 CONCURRENCY = 64

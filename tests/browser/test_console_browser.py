@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.processors.console.auth import Credentials
+from effect_ledger.console.auth import Credentials
 from tests.console_ledger import ConsoleLedger, console_ledger
 from tests.console_server import serve
 from tests.ops_expected import now_ms
@@ -51,8 +51,15 @@ def browser() -> Iterator[object]:
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1280,800", "--hide-scrollbars", "--no-first-run"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,800",
+        "--hide-scrollbars",
+        "--no-first-run",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=opts)
     driver.set_page_load_timeout(60)

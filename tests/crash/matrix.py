@@ -25,17 +25,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from effect_ledger.processors.demo.agent import payments_target
-from effect_ledger.processors.demo.gateway import KINDS, Gateway
-from effect_ledger.processors.runner import Runner
-from effect_ledger.streams import crashpoints
+from effect_ledger.core.effect import fold
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import State
+from effect_ledger.demo.agent import payments_target
+from effect_ledger.demo.gateway import KINDS, Gateway
+from effect_ledger.errors import LedgerUnavailable
+from effect_ledger.sdk import crashpoints
+from effect_ledger.sdk.kafka.lookup import ProcessorLookup
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.runner import Runner
 from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.effect import fold
-from effect_ledger.streams.errors import LedgerUnavailable
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.lookup import ProcessorLookup
-from effect_ledger.streams.model import State
 
 CALL_TIMEOUT = 1.0  # the agent's call deadline: short, so after_intent cells wait little
 
@@ -91,7 +91,7 @@ def _agent(
     env.pop(crashpoints.ENV, None)
     if crash:
         env[crashpoints.ENV] = crash
-    cmd = [sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", mode, "--workdir", str(workdir)]
+    cmd = [sys.executable, "-m", "effect_ledger.demo.agent", "--mode", mode, "--workdir", str(workdir)]
     cmd += ["--gateway", url, "--kind", kind, "--timeout", str(CALL_TIMEOUT), "--patience", "30", "--run-id", run_id]
     if kafka is not None and mode == "ledger":
         cmd += kafka.args()

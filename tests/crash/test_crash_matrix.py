@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from effect_ledger.streams import crashpoints
+from effect_ledger.sdk import crashpoints
 from tests.crash.matrix import Cell, run_matrix, table
 
 RUNS = int(os.environ.get("EFFECT_LEDGER_CRASH_RUNS", "2"))

@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.streams.ledger import Confirmation, Ledger
+from effect_ledger.sdk.ledger import Confirmation, Ledger
 from tests.sdk_contract import OPERATION, REQUEST, RUN_ID, STEP, TARGET
 
 

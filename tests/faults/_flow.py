@@ -14,9 +14,9 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from effect_ledger.core.effect import fold, to_state
+from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
-from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from tests.services import Processor
 from tests.topic_io import RawProducer, TopicReader
 

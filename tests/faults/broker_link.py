@@ -157,6 +157,7 @@ def link_to(broker: tuple[str, int], unix_path: str, stall_after: int | None = N
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(unix_path)
     listener.listen(64)
+
     def connect() -> socket.socket:
         s = socket.create_connection(broker, timeout=10)
         s.settimeout(None)  # a connect timeout only: a held or quiet link must not time out reading

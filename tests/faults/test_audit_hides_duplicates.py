@@ -21,12 +21,12 @@ import pytest
 from click.testing import CliRunner, Result
 from confluent_kafka import KafkaError, Producer
 
-from effect_ledger.processors.cli import main
+from effect_ledger.cli.main import main
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import Event, Executed, Intent, Outcome, Receipt, ReceiptSource
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.model import Event, Executed, Intent, Outcome, Receipt, ReceiptSource
-from effect_ledger.streams.relay import producer_config
 from tests.ops_expected import now_ms, write_ledger
 
 SKEW_MS = 60 * 60_000  # the slow host's clock is an hour behind

@@ -36,10 +36,10 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from effect_ledger.processors.cli import main
+from effect_ledger.cli.main import main
+from effect_ledger.core.keys import effect_key
 from effect_ledger.streams.admin import delete_topics, list_topics
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import effect_key
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 

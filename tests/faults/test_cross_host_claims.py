@@ -15,9 +15,9 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.core.model import Flag, State
+from effect_ledger.demo.gateway import Gateway
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import Flag, State
 from tests.claim_agent import AgentProcess
 from tests.services import Processor
 from tests.topic_io import TopicReader, running
@@ -69,4 +69,3 @@ def test_two_hosts_racing_for_the_same_key_call_a_non_deduplicating_destination_
     assert again == ["recorded"] * 20
     print(f"{RACES} races: {dict(kinds)}; both hosts wrote an intent (a lost claim) in {lost}")
     assert lost > 0  # the races did reach the log, not only the hosts' lookups
-

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from effect_ledger.core.model import Intent, Timeout, UncertainEffect
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import Intent, Timeout, UncertainEffect
 from tests.faults._flow import answered, committed_through_end, now_ms
 from tests.faults._flow import intent as intent_at
 from tests.services import Processor, wait_for

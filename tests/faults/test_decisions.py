@@ -26,15 +26,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from effect_ledger.processors.cli import main
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams.admin import list_topics
-from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import (
+from effect_ledger.cli.main import main
+from effect_ledger.core.effect import fold
+from effect_ledger.core.model import (
     DeadLetter,
     Decision,
     DecisionKind,
@@ -46,8 +40,14 @@ from effect_ledger.streams.model import (
     Timeout,
     TimeoutPhase,
 )
+from effect_ledger.core.reconcile import Target
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.streams.admin import list_topics
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Target
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, run_agent, running
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.runner import Runner
-from effect_ledger.streams.errors import EffectUncertain, LedgerError, StorageError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import State
-from effect_ledger.streams.reconcile import Found, Target
+from effect_ledger.core.model import State
+from effect_ledger.core.reconcile import Found, Target
+from effect_ledger.errors import EffectUncertain, LedgerError, StorageError
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.runner import Runner
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, FakeClock, db_counts, event_kinds, reconciler_of, run
 

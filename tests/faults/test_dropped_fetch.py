@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from faust.types import TP
 
-from effect_ledger.processors import faust_internals
+from effect_ledger.processors import _faust_internals as faust_internals
 from effect_ledger.streams.config import KafkaConfig
 
 RECORDS = 10

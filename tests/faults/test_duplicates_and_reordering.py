@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from effect_ledger.core.effect import fold, to_state
+from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource, Resolution, Verdict
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
-from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource, Resolution, Verdict
 from tests.faults._flow import committed_through_end, describe, forget_commits, mismatches
 from tests.faults._flow import intent as intent_at
 from tests.services import Processor, wait_for

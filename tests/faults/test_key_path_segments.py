@@ -14,14 +14,14 @@ from urllib.parse import unquote
 
 import pytest
 
-from effect_ledger.processors.demo.client import GatewayClient
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams.errors import InvalidEffect, LedgerUnavailable
-from effect_ledger.streams.http_reconciler import HttpReconciler
-from effect_ledger.streams.keys import check_key
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.lookup import ProcessorLookup
-from effect_ledger.streams.reconcile import EffectView, Found, Target
+from effect_ledger.core.keys import check_key
+from effect_ledger.core.reconcile import EffectView, Found, Target
+from effect_ledger.demo.client import GatewayClient
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.errors import InvalidEffect, LedgerUnavailable
+from effect_ledger.sdk.kafka.lookup import ProcessorLookup
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.http import HttpReconciler
 from tests.faults.http_servers import LoopbackServer, Reply
 from tests.sdk_contract import run
 
@@ -58,7 +58,7 @@ def test_reconciler_looks_up_a_dot_key_as_itself_not_its_parent(gateway: Gateway
 
 
 def test_key_path_segment_is_injective_and_never_a_dot_segment() -> None:
-    from effect_ledger.streams.keys import key_path_segment
+    from effect_ledger.core.keys import key_path_segment
 
     keys = [*DOTS, "a.b", "a%2Eb", "%2E", "a/b", "a%2Fb", "~", "k-1_x", "payments:" + "ab" * 32]
     segments = [key_path_segment(k) for k in keys]
@@ -127,8 +127,16 @@ ASKED = "payments:k-1"
         (404, {"error": "not found"}),
         (200, {"effect_id": ASKED, "known": True, "events": "not a list"}),
     ],
-    ids=["faust-index", "200-other-effect", "200-no-effect-id", "200-not-an-object", "404-no-effect-id",
-         "404-other-effect", "404-not-ours", "200-events-not-a-list"],  # fmt: skip
+    ids=[
+        "faust-index",
+        "200-other-effect",
+        "200-no-effect-id",
+        "200-not-an-object",
+        "404-no-effect-id",
+        "404-other-effect",
+        "404-not-ours",
+        "200-events-not-a-list",
+    ],  # fmt: skip
 )
 def test_lookup_answer_about_another_or_no_effect_is_an_error_never_unknown(status: int, body: Any) -> None:
     with LoopbackServer(lambda path: Reply(status, json.dumps(body).encode())) as srv:

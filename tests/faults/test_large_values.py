@@ -13,11 +13,9 @@ import time
 import uuid
 from pathlib import Path
 
-from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
-from effect_ledger.streams.limits import MAX_RECEIPT_BYTES, MAX_REQUEST_BYTES
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import fold, to_state
+from effect_ledger.core.limits import MAX_RECEIPT_BYTES, MAX_REQUEST_BYTES
+from effect_ledger.core.model import (
     Executed,
     Intent,
     Outcome,
@@ -27,6 +25,8 @@ from effect_ledger.streams.model import (
     State,
     Verdict,
 )
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
 from tests.faults._flow import committed_through_end
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running

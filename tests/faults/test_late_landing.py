@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.processors.demo.client import GatewayClient
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.processors.runner import Runner
-from effect_ledger.streams.errors import EffectInProgress, EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import State
+from effect_ledger.core.model import State
+from effect_ledger.demo.client import GatewayClient
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.errors import EffectInProgress, EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.runner import Runner
 from tests.sdk_contract import run
 
 TIMEOUT_S = 0.5

@@ -90,7 +90,7 @@ def upstream() -> Iterator[tuple[Upstream, str]]:
 def proxy_cmd(tmp: Path, url: str, *flags: str) -> list[str]:
     (tmp / "targets.toml").write_text(TARGETS)
     return [
-        sys.executable, "-m", "effect_ledger.processors.cli", "mcp-proxy", "--db", str(tmp / "effects.db"),
+        sys.executable, "-m", "effect_ledger.cli.main", "mcp-proxy", "--db", str(tmp / "effects.db"),
         "--targets", str(tmp / "targets.toml"), "--upstream", url, "--port", "0", *flags,
     ]  # fmt: skip
 

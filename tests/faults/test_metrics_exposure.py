@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.streams import metrics_http
-from effect_ledger.streams.errors import ConfigError
-from effect_ledger.streams.metrics import LedgerMetrics
+from effect_ledger.errors import ConfigError
+from effect_ledger.metrics import http as metrics_http
+from effect_ledger.metrics.names import LedgerMetrics
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 from tests.packaging import ROOT

@@ -21,12 +21,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
+from effect_ledger.core.limits import MAX_RECEIPT_BYTES
+from effect_ledger.core.model import INEXACT, DeadLetter, Resolution, UncertainEffect, Verdict
+from effect_ledger.core.reconcile import EffectView, Found, Target, judge
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.dlq import MAX_VALUE_COPY
-from effect_ledger.streams.limits import MAX_RECEIPT_BYTES
-from effect_ledger.streams.model import INEXACT, DeadLetter, Resolution, UncertainEffect, Verdict
-from effect_ledger.streams.reconcile import EffectView, Found, Target, judge
 from tests.services import Reconcilers, wait_for
 from tests.topic_io import Record, TopicReader, running
 

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from effect_ledger.streams.http_reconciler import HttpReconciler
-from effect_ledger.streams.reconcile import EffectView, Unknown
+from effect_ledger.core.reconcile import EffectView, Unknown
+from effect_ledger.targets.http import HttpReconciler
 from tests.faults.http_servers import LoopbackServer, Reply
 from tests.sdk_contract import run
 from tests.services import wait_for

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.demo.client import GatewayClient, GatewayUnavailable
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.http_reconciler import HttpReconciler
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import EffectView, Target, Unknown
+from effect_ledger.core.reconcile import EffectView, Target, Unknown
+from effect_ledger.demo.client import GatewayClient, GatewayUnavailable
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.http import HttpReconciler
 from tests.faults.http_servers import LoopbackServer, Reply
 from tests.sdk_contract import FakeClock, run
 

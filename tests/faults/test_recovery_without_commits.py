@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from effect_ledger.core.effect import fold, to_state
+from effect_ledger.core.model import State
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
-from effect_ledger.streams.model import State
 from tests.faults._flow import answered, committed_through_end, forget_commits, key_events, mismatches, now_ms
 from tests.faults.test_large_values import events_of
 from tests.services import Processor, wait_for

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
+from effect_ledger.core.effect import fold, to_state
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
 from effect_ledger.streams.partition import partition_for
 from tests.faults._flow import answered, commits, intent, now_ms
 from tests.services import Processor, wait_for

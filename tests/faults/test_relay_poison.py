@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
+from effect_ledger.core.keys import canonical_json, digest, effect_key
+from effect_ledger.core.model import DeadLetter, Intent, State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import LedgerUnavailable
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.store.sqlite import ClaimOp
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import LedgerUnavailable
-from effect_ledger.streams.keys import canonical_json, digest, effect_key
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import DeadLetter, Intent, State
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.store import ClaimOp
 from tests.integration.test_relay import TopicReader, check_records, outbox, read_topic
 
 pytestmark = pytest.mark.integration
@@ -43,8 +43,19 @@ def poison_intent(key: str, size: int, now_ms: int) -> Intent:
     def intent(blob: int) -> Intent:
         canonical = canonical_json({"blob": "x" * blob})
         return Intent(
-            "0" * 32, key, now_ms, 1, "payments", "refund.create", "default", "run-poison", key,
-            canonical, digest(canonical), now_ms + 30_000, "elsewhere:1:1:dead",
+            "0" * 32,
+            key,
+            now_ms,
+            1,
+            "payments",
+            "refund.create",
+            "default",
+            "run-poison",
+            key,
+            canonical,
+            digest(canonical),
+            now_ms + 30_000,
+            "elsewhere:1:1:dead",
         )
 
     overhead = len(codec.encode(intent(size))) - size  # the same for every size in one varint range
@@ -69,9 +80,11 @@ def set_topic_limit(cfg: KafkaConfig, max_message_bytes: int) -> None:
     """Lower the events topic's ``max.message.bytes``, and wait until the broker reports it."""
     admin = AdminClient(cfg.confluent())
     resource = ConfigResource(
-        ConfigResource.Type.TOPIC, cfg.topics.events,
-        incremental_configs=[ConfigEntry("max.message.bytes", str(max_message_bytes),
-                                         incremental_operation=AlterConfigOpType.SET)],
+        ConfigResource.Type.TOPIC,
+        cfg.topics.events,
+        incremental_configs=[
+            ConfigEntry("max.message.bytes", str(max_message_bytes), incremental_operation=AlterConfigOpType.SET)
+        ],
     )
     for fut in admin.incremental_alter_configs([resource]).values():
         fut.result(timeout=TIMEOUT)
@@ -124,8 +137,13 @@ def test_an_oversized_outbox_row_is_dead_lettered_and_the_next_50_effects_reach_
             await ledger.store.append(None, [poison_intent(poison_key, size, now)], now_ms=now, claim_op=ClaimOp.KEEP)
             for i in range(50):
                 c = await ledger.execute(
-                    target="payments", operation="refund.create", run_id="run-poison", step=f"after-{i}",
-                    request={"i": i}, call=call, timeout=30.0,
+                    target="payments",
+                    operation="refund.create",
+                    run_id="run-poison",
+                    step=f"after-{i}",
+                    request={"i": i},
+                    call=call,
+                    timeout=30.0,
                 )
                 keys.append(c.effect_id)
             # A later event of the poisoned key itself still goes out, after the dead row.
@@ -167,8 +185,13 @@ def test_with_sync_a_dead_lettered_row_does_not_fail_later_executes(kafka_config
             await ledger.store.append(None, [poison_intent("poison-sync", 2 * 1024 * 1024, now)], now_ms=now)
             for i in range(3):
                 c = await ledger.execute(
-                    target="payments", operation="refund.create", run_id="run-sync", step=f"s-{i}",
-                    request={"i": i}, call=counted, timeout=30.0,
+                    target="payments",
+                    operation="refund.create",
+                    run_id="run-sync",
+                    step=f"s-{i}",
+                    request={"i": i},
+                    call=counted,
+                    timeout=30.0,
                 )
                 assert c.called
             assert len(calls) == 3
@@ -197,15 +220,25 @@ def test_with_sync_an_intent_the_broker_refuses_is_never_called(kafka_config: Ka
         try:
             with pytest.raises(LedgerUnavailable, match="refused"):
                 await ledger.execute(
-                    target="payments", operation="refund.create", run_id="run-sync", step="big",
-                    request={"blob": "x" * 150_000}, call=counted, timeout=30.0,
+                    target="payments",
+                    operation="refund.create",
+                    run_id="run-sync",
+                    step="big",
+                    request={"blob": "x" * 150_000},
+                    call=counted,
+                    timeout=30.0,
                 )
             assert calls == []
             effect = await ledger.get(effect_key("payments", "refund.create", "run-sync", "big"))
             assert effect is not None and effect.state is State.FAILED
             small = await ledger.execute(
-                target="payments", operation="refund.create", run_id="run-sync", step="small",
-                request={"i": 1}, call=counted, timeout=30.0,
+                target="payments",
+                operation="refund.create",
+                run_id="run-sync",
+                step="small",
+                request={"i": 1},
+                call=counted,
+                timeout=30.0,
             )
             assert small.called and calls == [small.effect_id]
         finally:
@@ -232,16 +265,19 @@ def test_a_refused_row_in_the_middle_of_a_batch_leaves_the_rest_in_order(
         async with await Ledger.open(path, targets=[Target("payments")]) as ledger:  # embedded: no relay
             for i in range(40):
                 c = await ledger.execute(
-                    target="payments", operation="refund.create", run_id="run-mid", step=f"s-{i}",
-                    request={"i": i}, call=call, timeout=30.0,
+                    target="payments",
+                    operation="refund.create",
+                    run_id="run-mid",
+                    step=f"s-{i}",
+                    request={"i": i},
+                    call=call,
+                    timeout=30.0,
                 )
                 if i % 13 == 5:  # a refused row on a key that has events before and after it
                     now = ledger.now_ms()
                     bad = poison_intent(c.effect_id, size, now)
                     bad = Intent(f"poison-{i}", *[getattr(bad, f) for f in bad.__dataclass_fields__][1:])
-                    await ledger.store.append(
-                        await ledger.get(c.effect_id), [bad], now_ms=now, claim_op=ClaimOp.KEEP
-                    )
+                    await ledger.store.append(await ledger.get(c.effect_id), [bad], now_ms=now, claim_op=ClaimOp.KEEP)
                     await ledger.record_receipt(c.effect_id, f"re_late_{i}", {"late": i}, attempt=1)
                     poisoned.append(c.effect_id)
 
@@ -264,7 +300,7 @@ def test_a_topic_limit_lowered_under_a_running_relay_dead_letters_only_the_row_a
     refuses whole batches, the rows that came with the oversized one included. Only the row refused
     on its own is dead-lettered; every other row reaches Kafka (their per-key order may suffer once,
     see the relay's docstring, so it is not checked here)."""
-    from effect_ledger.streams.relay import Relay
+    from effect_ledger.sdk.kafka.relay import Relay
 
     path = str(tmp_path / "effects.db")
     poisoned: list[str] = []
@@ -275,15 +311,25 @@ def test_a_topic_limit_lowered_under_a_running_relay_dead_letters_only_the_row_a
             try:
                 for i in range(3):
                     await ledger.execute(
-                        target="payments", operation="refund.create", run_id="run-low", step=f"w-{i}",
-                        request={"i": i}, call=call, timeout=30.0,
+                        target="payments",
+                        operation="refund.create",
+                        run_id="run-low",
+                        step=f"w-{i}",
+                        request={"i": i},
+                        call=call,
+                        timeout=30.0,
                     )
                 assert await relay.drain() == 9  # fitted to the topic's limit as it was (Kafka's default)
                 await asyncio.to_thread(set_topic_limit, kafka_config, 600_000)
                 for i in range(40):
                     await ledger.execute(
-                        target="payments", operation="refund.create", run_id="run-low", step=f"s-{i}",
-                        request={"i": i}, call=call, timeout=30.0,
+                        target="payments",
+                        operation="refund.create",
+                        run_id="run-low",
+                        step=f"s-{i}",
+                        request={"i": i},
+                        call=call,
+                        timeout=30.0,
                     )
                     if i == 20:
                         now = ledger.now_ms()

@@ -26,9 +26,9 @@ from typing import Any, Self
 
 import pytest
 
+from effect_ledger.core.effect import fold, to_state
 from effect_ledger.processors.batch_writer import CLIENT_ID
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
 from effect_ledger.streams.partition import partition_for
 from tests.faults import broker_link
 from tests.faults._flow import answered, commits, committed_through_end, describe, key_events, mismatches, now_ms

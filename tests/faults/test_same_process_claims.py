@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams.errors import EffectInProgress
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import State
-from effect_ledger.streams.reconcile import Absent, Found, Target
+from effect_ledger.core.model import State
+from effect_ledger.core.reconcile import Absent, Found, Target
+from effect_ledger.errors import EffectInProgress
+from effect_ledger.sdk.ledger import Ledger
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, Destination, FakeClock, reconciler_of, run
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams import errors
-from effect_ledger.streams.errors import EffectUncertain, InvalidEffect, LedgerError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Flag, State
-from effect_ledger.streams.reconcile import Target
+from effect_ledger import errors
+from effect_ledger.core.model import Flag, State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectUncertain, InvalidEffect, LedgerError
+from effect_ledger.sdk.ledger import Ledger
 from tests.faults._common import event_bodies, execute
 from tests.sdk_contract import KEY, TARGET, Destination, FakeClock, db_counts, run
 
@@ -27,11 +27,11 @@ MB2 = 2 * 1024 * 1024
 
 
 class _Limits:
-    """``effect_ledger.streams.limits``, imported when first used: on code without the module, each
+    """``effect_ledger.core.limits``, imported when first used: on code without the module, each
     test fails at its own defect, not the whole file at collection."""
 
     def __getattr__(self, name: str) -> Any:
-        from effect_ledger.streams import limits as module
+        from effect_ledger.core import limits as module
 
         return getattr(module, name)
 

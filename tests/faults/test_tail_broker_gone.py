@@ -23,11 +23,11 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from effect_ledger.core.effect import fold, to_state
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import Intent
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.model import Intent
 from tests.faults import broker_link
 from tests.ops_expected import now_ms
 

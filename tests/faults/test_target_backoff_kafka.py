@@ -5,7 +5,7 @@ ledger processor, which re-publishes uncertain effects to the reconcilers, used 
 (1 s, doubling) for every target. A destination declared ``backoff = { first = "1h" }`` (say, an
 API with a strict rate limit) was asked again after a second. Now the processor reads the same
 targets declaration (``effects worker --targets``) and both modes use one rule
-(``effect_ledger.streams.reconcile.next_check_ms``).
+(``effect_ledger.core.reconcile.next_check_ms``).
 
 No timing is asserted: two targets are asked in the same run, one with a one-hour backoff and one
 with a short one, and the destination answers "unknown" every time. The short one is asked three
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from effect_ledger.core.model import State
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import State
 from tests.faults.http_servers import LoopbackServer, Reply
 from tests.services import Processor, Reconcilers, wait_for
 from tests.topic_io import running

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams import errors
-from effect_ledger.streams.errors import LedgerError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Flag, ReceiptSource, State
-from effect_ledger.streams.reconcile import Target
+from effect_ledger import errors
+from effect_ledger.core.model import Flag, ReceiptSource, State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import LedgerError
+from effect_ledger.sdk.ledger import Ledger
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, FakeClock, event_kinds, run
 

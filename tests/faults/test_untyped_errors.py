@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams import errors
-from effect_ledger.streams.errors import EffectUncertain, InvalidEffect, LedgerError, StorageError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Flag, State
-from effect_ledger.streams.reconcile import Target
+from effect_ledger import errors
+from effect_ledger.core.model import Flag, State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectUncertain, InvalidEffect, LedgerError, StorageError
+from effect_ledger.sdk.ledger import Ledger
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, Destination, FakeClock, db_counts, run
 
@@ -88,8 +88,15 @@ async def uncertain_effect(ledger: Ledger) -> None:
         ((KEY, "re_1"), {"attempt": 1.5}),
     ],
     ids=[
-        "receipt_id-int", "receipt_id-bytes", "receipt_id-surrogate", "source-bogus",
-        "source-int", "attempt-str", "attempt-negative", "attempt-bool", "attempt-float",
+        "receipt_id-int",
+        "receipt_id-bytes",
+        "receipt_id-surrogate",
+        "source-bogus",
+        "source-int",
+        "attempt-str",
+        "attempt-negative",
+        "attempt-bool",
+        "attempt-float",
     ],
 )
 def test_record_receipt_with_wrong_argument_types_is_invalid_effect(
@@ -125,8 +132,15 @@ def test_record_receipt_with_wrong_argument_types_is_invalid_effect(
         {"decision": "CONFIRMED", "receipt_id": ""},
     ],
     ids=[
-        "decision-bogus", "decision-int", "decision-none", "by-int", "reason-list", "reason-surrogate",
-        "by-surrogate", "receipt_id-int", "receipt_id-empty",
+        "decision-bogus",
+        "decision-int",
+        "decision-none",
+        "by-int",
+        "reason-list",
+        "reason-surrogate",
+        "by-surrogate",
+        "receipt_id-int",
+        "receipt_id-empty",
     ],
 )
 def test_decide_with_wrong_argument_types_is_invalid_effect(tmp_path: Path, given: dict[str, Any]) -> None:

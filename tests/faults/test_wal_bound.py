@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.streams import store
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Target
+from effect_ledger.core.reconcile import Target
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.store import sqlite as store
 
 LIMIT = 1024 * 1024
 TASKS = 32

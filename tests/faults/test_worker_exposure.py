@@ -21,14 +21,14 @@ from typing import Any
 
 import pytest
 
+from effect_ledger.core.model import Intent
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import LedgerUnavailable
+from effect_ledger.sdk.kafka.lookup import ProcessorLookup
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.admin import delete_topics, ensure_topics, list_topics
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import LedgerUnavailable
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.lookup import ProcessorLookup
-from effect_ledger.streams.model import Intent
-from effect_ledger.streams.reconcile import Target
 from tests.sdk_contract import run
 from tests.services import Processor
 from tests.topic_io import RawProducer, running
@@ -123,8 +123,18 @@ def test_worker_listens_only_on_loopback_by_default(default_worker: Processor) -
 
 
 @pytest.mark.parametrize(
-    "path", ["/router/", "/router/topics", "/table/", "/table/effects/", "/table/effects/k/", "/stats/", "/assignment/",
-             "/graph/", "/performance/"],  # fmt: skip
+    "path",
+    [
+        "/router/",
+        "/router/topics",
+        "/table/",
+        "/table/effects/",
+        "/table/effects/k/",
+        "/stats/",
+        "/assignment/",
+        "/graph/",
+        "/performance/",
+    ],  # fmt: skip
 )
 def test_faust_debug_pages_are_not_served(default_worker: Processor, path: str) -> None:
     status, body = get(default_worker.url + path)

@@ -19,12 +19,8 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors import table_value
-from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import apply
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import apply
+from effect_ledger.core.model import (
     DeadLetter,
     EffectState,
     Intent,
@@ -32,8 +28,12 @@ from effect_ledger.streams.model import (
     UncertainEffect,
     is_event,
 )
+from effect_ledger.core.reconcile import Target
+from effect_ledger.processors import table_value
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Target
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 

@@ -13,8 +13,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from effect_ledger.processors.batch_writer import BatchWriter, OutputRefused
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.relay import producer_config
 
 
 def _read_all(cfg: KafkaConfig, topic: str, partition: int, want: int) -> list[tuple[bytes, bytes | None]]:
@@ -59,8 +59,6 @@ def test_flush_writes_the_store_then_the_topics_then_the_changelog_offset(
     assert len(w) == 5
     assert db_for(1).get(b'"k1"') is None and not persisted  # nothing before flush
 
-
-
     asyncio.run(w.flush())
     assert db_for(1)[b'"k1"'] == b"v1" and db_for(1)[b'"k2"'] == b"v2" and db_for(2)[b'"k3"'] == b"v3"
     assert _read_all(cfg, cfg.topics.state, 1, 2) == [(b"k1", b"state-1"), (b"k2", None)]
@@ -82,7 +80,6 @@ def test_a_record_kafka_refuses_for_good_fails_the_flush(kafka_config: KafkaConf
     w = BatchWriter(Producer(producer_config(cfg, **{"message.max.bytes": 20_000_000})), f"{cfg.prefix}cl",
                     lambda p: db, lambda: rocksdict.WriteBatch(raw_mode=True), persisted.__setitem__)  # fmt: skip
     w.produce(cfg.topics.state, 0, b"k", b"x" * 5_000_000)  # over the broker's 1 MB default
-
 
     with pytest.raises(OutputRefused, match="state"):
         asyncio.run(w.flush())

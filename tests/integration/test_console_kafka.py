@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from effect_ledger.processors.console.auth import Credentials
-from effect_ledger.processors.console.source import Source
+from effect_ledger.console.auth import Credentials
+from effect_ledger.console.source import Source
 from tests.console_server import serve
 from tests.integration.test_ops_kafka import Setup, setup  # noqa: F401  (the module's fixture)
 from tests.topic_io import Record, TopicReader
@@ -51,8 +51,9 @@ def test_a_decision_through_the_console_lands_on_the_decisions_topic(url: str, s
     assert status == 200 and setup.cfg.topics.decisions in json.loads(text)["recorded"]
 
     def mine(records: list[Record]) -> bool:
-        return any(getattr(r.value, "effect_id", None) == key and getattr(r.value, "by", None) == "carol"
-                   for r in records)
+        return any(
+            getattr(r.value, "effect_id", None) == key and getattr(r.value, "by", None) == "carol" for r in records
+        )
 
     with TopicReader(setup.cfg, setup.cfg.topics.decisions) as decisions:
         decisions.until(

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from effect_ledger import schemas
-from effect_ledger.streams import model as m
+from effect_ledger.core import model as m
 from effect_ledger.streams.codec import Codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import publish_schemas

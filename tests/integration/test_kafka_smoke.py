@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-from effect_ledger.streams import model as m
+from effect_ledger.core import model as m
 from effect_ledger.streams.admin import (
     BrokerUnavailable,
     delete_topics,
@@ -91,8 +91,9 @@ def _events() -> list[Any]:
     for i, key in enumerate(["refund:order-1", "refund:ördér-2", "mail:3"]):
         t = 1_700_000_000_000 + i
         out += [
-            m.Intent(f"{key}/i", key, t, 1, "stripe", "refund.create", "shop", "run-1", "s", "{}", "d" * 64,
-                     t + 30_000, "w1"),
+            m.Intent(
+                f"{key}/i", key, t, 1, "stripe", "refund.create", "shop", "run-1", "s", "{}", "d" * 64, t + 30_000, "w1"
+            ),
             m.Executed(f"{key}/x", key, t + 10, 1, m.Outcome.UNKNOWN, "timeout", t + 1, t + 9, None, "w1"),
             m.Resolution(f"{key}/r", key, t + 20, 1, m.Verdict.FOUND, "rec", receipt_id=f"re-{i}"),
             m.Receipt(f"{key}/c", key, t + 30, 1, f"re-{i}", m.ReceiptSource.RECONCILER, "{}"),
@@ -117,15 +118,26 @@ def test_produce_and_consume_encoded_events(kafka_config: KafkaConfig, group_id:
 
     producer = Producer(kafka_config.confluent(**{"acks": "all", "enable.idempotence": True}))
     for event in sent:
-        producer.produce(topic, key=event.effect_id.encode(), value=codec.encode(event),
-                         headers=[codec.header(event)], on_delivery=on_delivery)
+        producer.produce(
+            topic,
+            key=event.effect_id.encode(),
+            value=codec.encode(event),
+            headers=[codec.header(event)],
+            on_delivery=on_delivery,
+        )
     assert producer.flush(TIMEOUT) == 0, "messages still queued after flush"
     assert errors == []
     assert len(delivered) == len(sent)
 
-    consumer = Consumer(kafka_config.confluent(**{
-        "group.id": group_id(), "auto.offset.reset": "earliest", "enable.auto.commit": False,
-    }))
+    consumer = Consumer(
+        kafka_config.confluent(
+            **{
+                "group.id": group_id(),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+    )
     received: list[Message] = []
     try:
         consumer.subscribe([topic])

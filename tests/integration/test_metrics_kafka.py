@@ -16,13 +16,13 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import Intent
+from effect_ledger.core.reconcile import Target
+from effect_ledger.metrics.names import exported_names
 from effect_ledger.processors import rocks
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.metrics import exported_names
-from effect_ledger.streams.model import Intent
-from effect_ledger.streams.reconcile import Target
 from tests.services import Processor, Reconcilers, free_port, wait_for
 from tests.topic_io import RawProducer, running
 

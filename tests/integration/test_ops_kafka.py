@@ -1,7 +1,7 @@
 """The operator and auditor commands against the real broker and a real ledger processor.
 
 The known incident of ``tests/incident.py`` is produced to ``effects.events`` the way the relay
-produces (``effect_ledger.streams.relay.producer_config``, key = effect_id, the schema header), with each record's
+produces (``effect_ledger.sdk.kafka.relay.producer_config``, key = effect_id, the schema header), with each record's
 Kafka timestamp set to the event's time so that ``effects audit``'s ``offsets_for_times`` seek means
 something. The audit replays it as it stands; then a processor (``effects worker``, a child process)
 folds it into ``effects.state``, and ``stuck``, ``trace``, ``sink``, ``tail``, ``escalations`` and
@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Producer
 
+from effect_ledger.core.model import Resolution, State, Timeout
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.admin import delete_topics, ensure_topics, list_topics
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import Resolution, State, Timeout
-from effect_ledger.streams.relay import producer_config
 from tests.incident import EXPECTED, Incident, incident
 from tests.ops_expected import CHECKS, checks_of, expected_checks, expected_targets, now_ms, write_ledger
 from tests.services import Processor

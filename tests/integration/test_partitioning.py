@@ -1,5 +1,5 @@
 """A key's partition, as the broker sees it: a confluent-kafka producer configured like the relay
-(``effect_ledger.streams.relay.producer_config``) puts each key on
+(``effect_ledger.sdk.kafka.relay.producer_config``) puts each key on
 ``effect_ledger.streams.partition.partition_for(key, n)``,
 the partition Kafka's Java client and aiokafka (hence faust, the processor, its timeout commands and
 its table's changelog) compute."""
@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import KafkaError, Message, Producer
 
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.admin import delete_topics, ensure_topics
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.relay import producer_config
 
 TIMEOUT = 30.0
 KEYS = 300

@@ -19,14 +19,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from effect_ledger.processors import rocks
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import Effect, fold, to_state
-from effect_ledger.streams.errors import DefiniteFailure, EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import Effect, fold, to_state
+from effect_ledger.core.model import (
     Claimed,
     DeadLetter,
     EffectState,
@@ -40,6 +34,12 @@ from effect_ledger.streams.model import (
     TimeoutPhase,
     UncertainEffect,
 )
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.errors import DefiniteFailure, EffectUncertain
+from effect_ledger.processors import rocks
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.streams.codec import default_codec
+from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.sdk_contract import DECLARED
 from tests.services import Processor, wait_for

@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from effect_ledger.processors.demo.gateway import Gateway
+from effect_ledger.core.model import Intent, Resolution, State, UncertainEffect, Verdict
+from effect_ledger.core.reconcile import answered_too_early
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Intent, Resolution, State, UncertainEffect, Verdict
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import answered_too_early
 from tests.services import Processor, Reconcilers, wait_for
 from tests.topic_io import Record, TopicReader, run_agent, running
 

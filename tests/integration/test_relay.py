@@ -28,15 +28,15 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from effect_ledger.core.model import Intent, State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import LedgerUnavailable
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.store.sqlite import Store
 from effect_ledger.streams.admin import ensure_topics
 from effect_ledger.streams.codec import HEADER, default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import LedgerUnavailable
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Intent, State
 from effect_ledger.streams.partition import partition_for
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 30.0
@@ -54,10 +54,16 @@ class TopicReader:
 
     def __init__(self, cfg: KafkaConfig, topic: str) -> None:
         self.topic = topic
-        self.consumer = Consumer(cfg.confluent(**{
-            "group.id": f"g-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False,
-            "auto.offset.reset": "earliest", "log_level": 0,
-        }))
+        self.consumer = Consumer(
+            cfg.confluent(
+                **{
+                    "group.id": f"g-{uuid.uuid4().hex[:12]}",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "log_level": 0,
+                }
+            )
+        )
         md = self.consumer.list_topics(topic, timeout=TIMEOUT)
         self.partitions = sorted(md.topics[topic].partitions)
         self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self.partitions])
@@ -163,8 +169,14 @@ class Destination:
 
 async def execute(ledger: Ledger, call: Any, step: str, **kw: Any) -> Any:
     return await ledger.execute(
-        target="payments", operation="refund.create", run_id="run-relay", step=step,
-        request={"step": step}, call=call, timeout=30.0, **kw,
+        target="payments",
+        operation="refund.create",
+        run_id="run-relay",
+        step=step,
+        request={"step": step},
+        call=call,
+        timeout=30.0,
+        **kw,
     )
 
 
@@ -184,7 +196,11 @@ def free_port() -> int:
 def cli(*args: str, timeout: float = 90) -> tuple[subprocess.CompletedProcess[str], float]:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "effect_ledger", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "effect_ledger", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     return proc, time.monotonic() - started
@@ -206,7 +222,10 @@ def relay_cli_without_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     asyncio.run(create())
     proc = subprocess.Popen(
         [sys.executable, "-m", "effect_ledger", "relay", "--db", str(db), "--bootstrap", DEAD, "--prefix", "x."],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )
     state: dict[str, Any] = {"proc": proc, "started": time.monotonic(), "db": db}
@@ -291,9 +310,15 @@ def test_sync_puts_the_intent_on_kafka_before_the_destination_is_called(
 
     def consume_intent(key: str) -> list[Any]:
         """What a fresh consumer group finds on the topic for ``key`` (polled until an Intent shows)."""
-        consumer = Consumer(kafka_config.confluent(**{
-            "group.id": group_id(), "auto.offset.reset": "earliest", "enable.auto.commit": False,
-        }))
+        consumer = Consumer(
+            kafka_config.confluent(
+                **{
+                    "group.id": group_id(),
+                    "auto.offset.reset": "earliest",
+                    "enable.auto.commit": False,
+                }
+            )
+        )
         events: list[Any] = []
         try:
             consumer.subscribe([kafka_config.topics.events])
@@ -408,8 +433,9 @@ def test_sync_intent_relayed_by_another_ledger_on_the_same_file(kafka_config: Ka
 
 
 def kafka_sh(command: str, env: dict[str, str]) -> None:
-    proc = subprocess.run(["bash", str(ROOT / "scripts/kafka.sh"), command], env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts/kafka.sh"), command], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, f"kafka.sh {command} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -461,9 +487,11 @@ def test_broker_outage_the_outbox_grows_then_drains_in_order(tmp_path: Path) -> 
         assert len(rows) == 3 * (n + k + m) + len(range(0, n, 3)) and unsent(path) == 0
         seen = check_records(rows, read_topic(cfg), cfg.partitions)
         dup = {key: c for key, c in seen.items() if c > 1}
-        print(f"\noutage: outbox depth {report['depth'][0]} at the stop -> {report['depth'][1]} during it; "
-              f"drained {report['drain_s']:.1f} s after `kafka.sh up` began; {len(rows)} events, "
-              f"{sum(seen.values())} records, {len(dup)} events delivered more than once")
+        print(
+            f"\noutage: outbox depth {report['depth'][0]} at the stop -> {report['depth'][1]} during it; "
+            f"drained {report['drain_s']:.1f} s after `kafka.sh up` began; {len(rows)} events, "
+            f"{sum(seen.values())} records, {len(dup)} events delivered more than once"
+        )
         assert len(dest.calls) == n + k + m
     finally:
         kafka_sh("down", env)

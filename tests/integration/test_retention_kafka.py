@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.ops.audit import audit
-from effect_ledger.processors.ops.retire import sweep
-from effect_ledger.processors.ops.sink import StateSink
-from effect_ledger.processors.ops.sources import latest_states, replay_events
+from effect_ledger.core.model import DeadLetter, Intent, State
+from effect_ledger.errors import EffectRetired, EffectUncertain
+from effect_ledger.ops.audit import audit
+from effect_ledger.ops.retire import sweep
+from effect_ledger.ops.sink import StateSink
+from effect_ledger.ops.sources import latest_states, replay_events
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import EffectRetired, EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import DeadLetter, Intent, State
 from tests.sdk_contract import DECLARED
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
@@ -166,12 +166,12 @@ def test_erasing_a_subject_on_kafka_leaves_its_bodies_unreadable_and_the_audit_w
 ) -> None:
     from click.testing import CliRunner
 
-    from effect_ledger.processors.cli import main
-    from effect_ledger.streams import erasure
-    from effect_ledger.streams.bodies import BodyMode, BodyPolicy
-    from effect_ledger.streams.errors import BodyErased
-    from effect_ledger.streams.keyring_kafka import KafkaKeyring
-    from effect_ledger.streams.reconcile import Target
+    from effect_ledger.cli.main import main
+    from effect_ledger.core.bodies import BodyMode, BodyPolicy
+    from effect_ledger.core.reconcile import Target
+    from effect_ledger.errors import BodyErased
+    from effect_ledger.sdk import erasure
+    from effect_ledger.sdk.kafka.keyring import KafkaKeyring
 
     cfg = kafka_config
     email = "jane.doe@example.com"

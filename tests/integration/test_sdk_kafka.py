@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.admin import delete_topics, ensure_topics
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.ledger import Ledger
 from tests.sdk_contract import _RACE_SCRIPT, DECLARED, LedgerContract
 
 TIMEOUT = 30.0
@@ -77,9 +77,15 @@ def event_ids(path: str) -> list[str]:
 def consume_all(cfg: KafkaConfig, topic: str) -> list[Any]:
     """Every record of ``topic``: read each partition from the beginning up to the high watermark
     seen at the start."""
-    consumer = Consumer(cfg.confluent(**{
-        "group.id": f"g-{uuid.uuid4().hex[:12]}", "enable.auto.commit": False, "auto.offset.reset": "earliest",
-    }))
+    consumer = Consumer(
+        cfg.confluent(
+            **{
+                "group.id": f"g-{uuid.uuid4().hex[:12]}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+    )
     try:
         md = consumer.list_topics(topic, timeout=TIMEOUT)
         partitions = sorted(md.topics[topic].partitions)
@@ -147,7 +153,7 @@ class TestKafkaLedger(LedgerContract):
                 f"ledger = await Ledger.open(db, kafka=KafkaConfig(bootstrap={cfg.bootstrap!r}, "
                 f"prefix={cfg.prefix!r}, partitions={cfg.partitions}), sync=True, targets=[Target('payments')])"
             )
-            imports = "from effect_ledger.streams.ledger import Ledger"
+            imports = "from effect_ledger.sdk.ledger import Ledger"
             text = _RACE_SCRIPT.replace(embedded, kafka).replace(
                 imports, f"{imports}\nfrom effect_ledger.streams.config import KafkaConfig"
             )
@@ -196,5 +202,7 @@ def test_every_event_written_to_the_files_is_on_kafka(kafka_mode: KafkaMode, tmp
     assert unexpected == [], f"events on the module's topic that no file holds: {unexpected[:5]}"
     # At-least-once: a record sent twice (two relays on one file, a retried batch) is allowed; count it.
     resent = {k: on_kafka[k] - written[k] for k in written if on_kafka[k] > written[k]}
-    print(f"\n{len(written)} distinct events ({sum(written.values())} file copies) in {len(kafka_mode.files)} files; "
-          f"{sum(on_kafka.values())} records on Kafka; {sum(resent.values())} resent records of {len(resent)} events")
+    print(
+        f"\n{len(written)} distinct events ({sum(written.values())} file copies) in {len(kafka_mode.files)} files; "
+        f"{sum(on_kafka.values())} records on Kafka; {sum(resent.values())} resent records of {len(resent)} events"
+    )

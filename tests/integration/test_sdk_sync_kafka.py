@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from effect_ledger import SyncLedger
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import Intent
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.model import Intent
 from tests.integration.test_sdk_kafka import consume_all, event_ids, unsent_rows
 from tests.sdk_contract import DECLARED
 
@@ -35,8 +35,13 @@ def test_sync_ledger_in_kafka_mode_relays_every_event(kafka_config: KafkaConfig,
         assert ledger.ledger.relay is not None
         results = [
             ledger.execute(
-                target="payments", operation="refund.create", run_id="run-k", step=f"refund-{i}",
-                request={"order": str(i), "amount": 100 + i}, call=refund, timeout=30,
+                target="payments",
+                operation="refund.create",
+                run_id="run-k",
+                step=f"refund-{i}",
+                request={"order": str(i), "amount": 100 + i},
+                call=refund,
+                timeout=30,
             )  # fmt: skip
             for i in range(3)
         ]

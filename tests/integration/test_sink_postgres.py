@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from effect_ledger.processors.ops.sink import effect_row
-from effect_ledger.processors.ops.sink_db import COLUMNS, SCHEMA
+from effect_ledger.ops.sink import effect_row
+from effect_ledger.ops.sink_db import COLUMNS, SCHEMA
 from tests.integration import test_ops_kafka
 from tests.integration.test_ops_kafka import (
     ROOT,

@@ -14,12 +14,12 @@ import uuid
 
 from confluent_kafka import Producer
 
-from effect_ledger.processors.ops.sources import key_events
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import Event, Executed, Intent, Outcome, Receipt, ReceiptSource
+from effect_ledger.ops.sources import key_events
+from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.model import Event, Executed, Intent, Outcome, Receipt, ReceiptSource
-from effect_ledger.streams.relay import producer_config
 from tests.ops_expected import now_ms
 
 DAY = 86_400_000

@@ -8,9 +8,9 @@ import socket
 import time
 from pathlib import Path
 
+from effect_ledger.core.effect import fold, to_state
+from effect_ledger.core.model import Outcome, State
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.effect import fold, to_state
-from effect_ledger.streams.model import Outcome, State
 from effect_ledger.streams.partition import partition_for
 from tests.integration.test_processor import WAIT, executed, intent, receipt, states_match
 from tests.services import Processor, Service, free_port, wait_for

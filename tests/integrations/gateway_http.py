@@ -1,4 +1,4 @@
-"""A synchronous refund call to the fake gateway (``effect_ledger.processors.demo.gateway``), as a
+"""A synchronous refund call to the fake gateway (``effect_ledger.demo.gateway``), as a
 LangGraph node or a DBOS step would make it, and the helpers the crash tests share."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.processors.demo.client import GatewayUnavailable, RefundRejected
+from effect_ledger.demo.client import GatewayUnavailable, RefundRejected
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT = 120.0  # a child that has not finished by then is a failed test, not a hang

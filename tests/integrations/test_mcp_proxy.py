@@ -26,7 +26,7 @@ pytest.importorskip("mcp")
 
 from mcp import Client, StdioServerParameters  # noqa: E402
 
-from effect_ledger.streams import crashpoints  # noqa: E402
+from effect_ledger.sdk import crashpoints  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = [sys.executable, "-m", "tests.integrations.mcp_server"]
@@ -73,7 +73,7 @@ class Setup:
         env = dict(self.env)
         if crash:
             env[crashpoints.ENV] = crash
-        args = ["-m", "effect_ledger.processors.cli", "mcp-proxy", "--db", str(self.db), "--targets", str(self.targets)]
+        args = ["-m", "effect_ledger.cli.main", "mcp-proxy", "--db", str(self.db), "--targets", str(self.targets)]
         return StdioServerParameters(command=sys.executable, args=[*args, *flags, "--", *SERVER], env=env, cwd=ROOT)
 
     def server_state(self) -> dict[str, Any]:
@@ -190,10 +190,13 @@ def test_new_step_is_a_new_call_and_reads_pass_through_unrecorded(tmp_path: Path
 
 def test_bad_declaration_is_one_line_and_exit_1(tmp_path: Path) -> None:
     s = Setup(tmp_path, NEITHER, honours_keys=False)
-    cmd = [sys.executable, "-m", "effect_ledger.processors.cli", "mcp-proxy", "--db", str(s.db)]
+    cmd = [sys.executable, "-m", "effect_ledger.cli.main", "mcp-proxy", "--db", str(s.db)]
     out = subprocess.run(
         [*cmd, "--targets", str(s.targets), "--writes", "refund", "--target", "nope", "--", *SERVER],
-        capture_output=True, text=True, cwd=ROOT, timeout=CALL_DEADLINE_S,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=CALL_DEADLINE_S,
     )
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == ["effects: --target 'nope' is not declared in the targets file"]
@@ -225,10 +228,12 @@ def http_proxy(tmp_path: Path) -> Iterator[tuple[Setup, str]]:
     s = Setup(tmp_path, LOOKUP, honours_keys=True)
     port = _free_port()
     server = subprocess.Popen(SERVER, env={**os.environ, **s.env, "MCP_TEST_HTTP_PORT": str(port)}, cwd=ROOT)
-    cmd = [sys.executable, "-m", "effect_ledger.processors.cli", "mcp-proxy", "--db", str(s.db)]
+    cmd = [sys.executable, "-m", "effect_ledger.cli.main", "mcp-proxy", "--db", str(s.db)]
     proxy = subprocess.Popen(
         [*cmd, "--targets", str(s.targets), "--upstream", f"http://127.0.0.1:{port}/mcp", "--port", "0"],
-        stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
         assert proxy.stderr is not None

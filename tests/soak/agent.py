@@ -20,10 +20,10 @@ import signal
 import time
 from collections import Counter
 
-from effect_ledger.processors.demo.client import GatewayClient
+from effect_ledger.demo.client import GatewayClient
+from effect_ledger.errors import LedgerError
+from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.errors import LedgerError
-from effect_ledger.streams.ledger import Ledger
 
 #: Calls at once. Past it the calls due wait, as a task queue's would, and start as others end;
 #: those still waiting when the load stops were never started ("behind"). A call waits for the

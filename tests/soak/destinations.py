@@ -1,4 +1,4 @@
-"""The soak's destinations: three fake payment gateways (``effect_ledger.processors.demo.gateway``)
+"""The soak's destinations: three fake payment gateways (``effect_ledger.demo.gateway``)
 in one child process, one of each kind that matters to reconciliation:
 
 * ``keyed``: honours idempotency keys and answers lookups by key (``key+lookup``);
@@ -23,8 +23,8 @@ import random
 import sys
 from typing import Any
 
-from effect_ledger.processors.demo.client import RefundRejected
-from effect_ledger.processors.demo.gateway import Gateway, GatewayState
+from effect_ledger.demo.client import RefundRejected
+from effect_ledger.demo.gateway import Gateway, GatewayState
 
 KINDS = {"keyed": "key+lookup", "lookup": "lookup", "blind": "none"}
 REJECTED = f"{RefundRejected.__module__}:{RefundRejected.__qualname__}"

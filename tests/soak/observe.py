@@ -13,9 +13,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
+from effect_ledger.core.model import EffectState, Executed, Intent, State, UncertainEffect
 from effect_ledger.streams.codec import HEADER, default_codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.model import EffectState, Executed, Intent, State, UncertainEffect
 from tests.soak.report import Seen
 
 UNCERTAIN = State.UNCERTAIN.value

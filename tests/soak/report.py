@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from effect_ledger.streams.model import OPEN_STATES, Outcome
+from effect_ledger.core.model import OPEN_STATES, Outcome
 from tests.bench.common import fmt, percentile
 
 UNKNOWN = Outcome.UNKNOWN.value

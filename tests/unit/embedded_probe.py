@@ -72,7 +72,7 @@ key = effect_ledger.effect_key("payments", "refund.create", "run-1", "refund-123
 # The operator CLI's embedded commands, in process.
 from click.testing import CliRunner  # noqa: E402
 
-from effect_ledger.processors.cli import main  # noqa: E402
+from effect_ledger.cli.main import main  # noqa: E402
 
 db = str(work / "a.db")
 commands = {

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.ops.assess import MAX_LINE_BYTES, AssessError, assess, field_paths, read_lines
+from effect_ledger.ops.assess import MAX_LINE_BYTES, AssessError, assess, field_paths, read_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
@@ -37,8 +37,14 @@ def generated_log(seed: int = 7) -> tuple[list[bytes], dict[str, Any]]:
             r["idempotency_key"] = f"k{i}"
         recs.append(r)
     for i in range(10):
-        recs.append({"ts": at(i * 60 + 1), "tool": "refund", "arguments": {"order": i, "amount": 100 + i},
-                     "idempotency_key": f"k{i}"})
+        recs.append(
+            {
+                "ts": at(i * 60 + 1),
+                "tool": "refund",
+                "arguments": {"order": i, "amount": 100 + i},
+                "idempotency_key": f"k{i}",
+            }
+        )
     for i in range(150, 155):
         recs.append({"ts": at(i * 60 + 2), "tool": "refund", "arguments": {"amount": 100 + i, "order": i}})
     for i in range(160, 164):
@@ -48,17 +54,34 @@ def generated_log(seed: int = 7) -> tuple[list[bytes], dict[str, Any]]:
     # HTTP: 30 POSTs to /v1/charges/<id> (20 with the header), 3 keyless resends within the window
     # with the JSON body re-serialized, 2 resends with a NEW key (a key per attempt: not deduplicable)
     for i in range(30):
-        req: dict[str, Any] = {"ts": at(i * 30), "method": "POST", "url": f"https://pay.example/v1/charges/{1000 + i}",
-                               "body": json.dumps({"amount": i})}
+        req: dict[str, Any] = {
+            "ts": at(i * 30),
+            "method": "POST",
+            "url": f"https://pay.example/v1/charges/{1000 + i}",
+            "body": json.dumps({"amount": i}),
+        }
         if i < 20:
             req["headers"] = {"Idempotency-Key": f"c{i}"}
         recs.append(req)
     for i in range(25, 28):
-        recs.append({"ts": at(i * 30 + 5), "method": "post", "url": f"https://pay.example/v1/charges/{1000 + i}",
-                     "body": json.dumps({"amount": i}, indent=2)})
+        recs.append(
+            {
+                "ts": at(i * 30 + 5),
+                "method": "post",
+                "url": f"https://pay.example/v1/charges/{1000 + i}",
+                "body": json.dumps({"amount": i}, indent=2),
+            }
+        )
     for i in range(2):
-        recs.append({"ts": at(i * 30 + 3), "method": "POST", "url": f"https://pay.example/v1/charges/{1000 + i}",
-                     "body": json.dumps({"amount": i}), "headers": {"Idempotency-Key": f"c{i}-retry"}})
+        recs.append(
+            {
+                "ts": at(i * 30 + 3),
+                "method": "POST",
+                "url": f"https://pay.example/v1/charges/{1000 + i}",
+                "body": json.dumps({"amount": i}),
+                "headers": {"Idempotency-Key": f"c{i}-retry"},
+            }
+        )
     recs += [{"ts": at(i), "method": "GET", "url": "https://pay.example/v1/charges/1000"} for i in range(12)]
     lines = [json.dumps(r).encode() for r in recs]
     rng.shuffle(lines)
@@ -66,10 +89,20 @@ def generated_log(seed: int = 7) -> tuple[list[bytes], dict[str, Any]]:
     answers = {
         "refund": {"calls": 204, "writes": 204, "keyed": 150, "dup_same_key": 10, "dup_same_args": 5},
         "lookup": {"calls": 50, "writes": 0, "keyed": 0, "dup_same_key": 0, "dup_same_args": 0},
-        "POST pay.example/v1/charges/{id}": {"calls": 35, "writes": 35, "keyed": 22, "dup_same_key": 0,
-                                             "dup_same_args": 5},
-        "GET pay.example/v1/charges/{id}": {"calls": 12, "writes": 0, "keyed": 0, "dup_same_key": 0,
-                                            "dup_same_args": 0},
+        "POST pay.example/v1/charges/{id}": {
+            "calls": 35,
+            "writes": 35,
+            "keyed": 22,
+            "dup_same_key": 0,
+            "dup_same_args": 5,
+        },
+        "GET pay.example/v1/charges/{id}": {
+            "calls": 12,
+            "writes": 0,
+            "keyed": 0,
+            "dup_same_key": 0,
+            "dup_same_args": 0,
+        },
     }
     return lines, answers
 
@@ -85,7 +118,9 @@ def test_generated_log_known_answers() -> None:
     assert report["lines"] == len(lines)
     assert report["bad_lines"]["count"] == 4
     assert report["bad_lines"]["by_reason"] == {
-        "not JSON": 1, "not a JSON object": 1, "no tool name (nor HTTP method and URL)": 1,
+        "not JSON": 1,
+        "not a JSON object": 1,
+        "no tool name (nor HTTP method and URL)": 1,
         f"longer than {MAX_LINE_BYTES} bytes": 1,
     }
 
@@ -114,12 +149,12 @@ def test_read_lines_is_bounded() -> None:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "effect_ledger.processors.cli", "assess", *args]
+    cmd = [sys.executable, "-m", "effect_ledger.cli.main", "assess", *args]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
 def test_sample_log() -> None:
-    out = run_cli("processors/demo/assess-sample.jsonl", "--writes", "refund,send_email,create_ticket", "--json")
+    out = run_cli("effect_ledger/demo/assess-sample.jsonl", "--writes", "refund,send_email,create_ticket", "--json")
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     got = {t["tool"]: (t["writes"], t["keyed"], t["dup_same_key"], t["dup_same_args"]) for t in report["tools"]}
@@ -136,9 +171,9 @@ def test_sample_log() -> None:
     ("args", "message"),
     [
         (["/nonexistent/calls.jsonl"], "effects: cannot read /nonexistent/calls.jsonl: No such file or directory"),
-        (["processors/demo", "--json"], "effects: cannot read processors/demo: Is a directory"),
-        (["processors/demo/assess-sample.jsonl", "--window", "soon"], "effects: not a duration: 'soon'"),
-        (["processors/demo/assess-sample.jsonl", "--field", "colour=x"], "effects: --field 'colour=x'"),
+        (["effect_ledger/demo", "--json"], "effects: cannot read effect_ledger/demo: Is a directory"),
+        (["effect_ledger/demo/assess-sample.jsonl", "--window", "soon"], "effects: not a duration: 'soon'"),
+        (["effect_ledger/demo/assess-sample.jsonl", "--field", "colour=x"], "effects: --field 'colour=x'"),
     ],
 )
 def test_cli_errors_are_one_line(args: list[str], message: str) -> None:
@@ -158,8 +193,8 @@ def test_a_log_is_read_up_to_max_log_bytes() -> None:
 def test_cli_stdin_over_max_log_bytes_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner
 
-    from effect_ledger.processors.cli import main
-    from effect_ledger.processors.ops import assess as assess_module
+    from effect_ledger.cli.main import main
+    from effect_ledger.ops import assess as assess_module
 
     monkeypatch.setattr(assess_module, "MAX_LOG_BYTES", 1000)
     r = CliRunner().invoke(main, ["assess", "-"], input=b'{"tool": "refund"}\n' * 100)

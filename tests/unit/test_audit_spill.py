@@ -8,9 +8,9 @@ import json
 import random
 from pathlib import Path
 
-from effect_ledger.processors.ops.audit import MAX_REPORTED_KEYS, _Keys, audit
-from effect_ledger.processors.ops.sources import db_events
-from effect_ledger.processors.ops.spill import FANOUT, KeyedSpill
+from effect_ledger.ops.audit import MAX_REPORTED_KEYS, _Keys, audit
+from effect_ledger.ops.sources import db_events
+from effect_ledger.ops.spill import FANOUT, KeyedSpill
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 

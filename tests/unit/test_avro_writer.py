@@ -1,4 +1,4 @@
-"""The compiled Avro writer (``streams/avro_writer.py``) writes what fastavro writes, byte for byte,
+"""The compiled Avro writer (``streams/_avro_writer.py``) writes what fastavro writes, byte for byte,
 for every record type of the codec and values across each type's range (random, with hypothesis:
 300 examples per record type), and refuses what fastavro refuses (and a float in a long, which
 fastavro truncates)."""
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from effect_ledger.streams import model
-from effect_ledger.streams.avro_writer import compile_record
+from effect_ledger.core import model
+from effect_ledger.streams._avro_writer import compile_record
 from effect_ledger.streams.codec import EncodeError, default_codec
 
 CODEC = default_codec()

@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from effect_ledger.processors.cli import main
-from effect_ledger.processors.ops.audit import audit
-from effect_ledger.processors.ops.sources import db_events
-from effect_ledger.streams import erasure
-from effect_ledger.streams.bodies import REDACTED, WITHHELD, BodyMode, BodyPolicy, redacted
-from effect_ledger.streams.errors import BodyErased, EffectConflict, TargetsError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Intent
-from effect_ledger.streams.reconcile import CallableReconciler, EffectView, Found, Target
-from effect_ledger.streams.targets import parse_targets
+from effect_ledger.cli.main import main
+from effect_ledger.core.bodies import REDACTED, WITHHELD, BodyMode, BodyPolicy, redacted
+from effect_ledger.core.model import Intent
+from effect_ledger.core.reconcile import CallableReconciler, EffectView, Found, Target
+from effect_ledger.errors import BodyErased, EffectConflict, TargetsError
+from effect_ledger.ops.audit import audit
+from effect_ledger.ops.sources import db_events
+from effect_ledger.sdk import erasure
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.load import parse_targets
 from tests.sdk_contract import OPERATION, RUN_ID, TARGET, Destination, FakeClock, run
 
 EMAIL = "jane.doe@example.com"
@@ -228,9 +228,9 @@ def test_effects_erase_cli(tmp_path: Path) -> None:
 
 
 def test_a_redacted_body_is_bounded_like_the_request() -> None:
-    from effect_ledger.streams.bodies import stored
-    from effect_ledger.streams.errors import EffectTooLarge
-    from effect_ledger.streams.keys import canonical_request
+    from effect_ledger.core.bodies import stored
+    from effect_ledger.core.keys import canonical_request
+    from effect_ledger.errors import EffectTooLarge
 
     # Twenty-five thousand one-character e-mails: within the request limit, but their redaction is not.
     canonical, digest = canonical_request({"to": [{"e": "x"} for _ in range(25_000)]})

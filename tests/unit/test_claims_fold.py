@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from effect_ledger.streams.effect import apply, claim_of, claim_verdict, fold, to_state
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import apply, claim_of, claim_verdict, fold, to_state
+from effect_ledger.core.model import (
     Claimed,
     Executed,
     Flag,

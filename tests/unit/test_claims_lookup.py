@@ -3,10 +3,10 @@ back from a request's query: a claim answer covers the agent's own intent, or th
 
 from __future__ import annotations
 
-from effect_ledger.streams.claims import owns
-from effect_ledger.streams.effect import apply, claim_verdict
-from effect_ledger.streams.lookup import FoldedThrough, folded_through_asked
-from effect_ledger.streams.model import Intent
+from effect_ledger.core.effect import apply, claim_verdict
+from effect_ledger.core.model import Intent
+from effect_ledger.sdk.kafka.claims import owns
+from effect_ledger.sdk.kafka.lookup import FoldedThrough, folded_through_asked
 
 
 def test_the_query_a_lookup_sends_reads_back_as_what_it_asked() -> None:

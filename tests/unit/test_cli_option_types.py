@@ -1,4 +1,4 @@
-"""The command line's validated option types (``effect_ledger.processors.cli_boundary``)."""
+"""The command line's validated option types (``effect_ledger.cli._boundary``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import click
 import pytest
 
-from effect_ledger.processors.cli_boundary import MAX_SECONDS, POSITIVE_SECONDS, LedgerPath, Seconds
-from effect_ledger.streams.ledger import MAX_TIMEOUT_S
+from effect_ledger.cli._boundary import MAX_SECONDS, POSITIVE_SECONDS, LedgerPath, Seconds
+from effect_ledger.sdk.ledger import MAX_TIMEOUT_S
 
 
 @pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "1e309", "0", "-1", str(MAX_SECONDS + 1)])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from effect_ledger.processors import cli_shared
+from effect_ledger.cli import _shared as cli_shared
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 

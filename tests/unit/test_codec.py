@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from effect_ledger import schemas
-from effect_ledger.streams import model as m
+from effect_ledger.core import model as m
+from effect_ledger.errors import LedgerError
 from effect_ledger.streams.codec import (
     HEADER,
     MAGIC,
@@ -28,7 +29,6 @@ from effect_ledger.streams.codec import (
     UnknownSchema,
     schema_fingerprint,
 )
-from effect_ledger.streams.errors import LedgerError
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
@@ -49,36 +49,167 @@ DIGEST = "9f2c" * 16
 # Realistic records, each type at least once; where a type has optional fields both with them set and
 # with them None/default, and non-ASCII strings throughout.
 SAMPLES: list[Any] = [
-    m.Intent("ev-1", "refund:order-42", 1_700_000_000_000, 1, "stripe", "refund.create", "shop-eu",
-             "run-ä1", "step-refund", REQ, DIGEST, 1_700_000_030_000, "worker-1@host"),
-    m.Intent("ev-2", "mail:ü-7", 1_700_000_000_001, 3, "smtp", "send", "crm", "run-2", "notify-😀",
-             "{}", DIGEST, 1_700_000_000_500, "w2", keyed=False),
-    m.Executed("ev-3", "refund:order-42", 1_700_000_000_100, 1, m.Outcome.OK, None,
-               1_700_000_000_010, 1_700_000_000_090, 1_700_000_060_000, "worker-1"),
-    m.Executed("ev-4", "refund:order-42", 1_700_000_000_200, 2, m.Outcome.UNKNOWN,
-               "read timeout après 30 s", 1_700_000_000_110, 1_700_000_000_190, None, "worker-2"),
-    m.Receipt("ev-5", "refund:order-42", 1_700_000_000_300, 0, "re_3NxZ", m.ReceiptSource.WEBHOOK,
-              '{"id":"re_3NxZ","status":"succeeded","memo":"Grüße"}'),
-    m.Resolution("ev-6", "refund:order-42", 1_700_000_000_400, 2, m.Verdict.FOUND, "stripe-reconciler",
-                 "listed by the API – gefunden", "re_3NxZ", '{"id":"re_3NxZ"}', 4),
+    m.Intent(
+        "ev-1",
+        "refund:order-42",
+        1_700_000_000_000,
+        1,
+        "stripe",
+        "refund.create",
+        "shop-eu",
+        "run-ä1",
+        "step-refund",
+        REQ,
+        DIGEST,
+        1_700_000_030_000,
+        "worker-1@host",
+    ),
+    m.Intent(
+        "ev-2",
+        "mail:ü-7",
+        1_700_000_000_001,
+        3,
+        "smtp",
+        "send",
+        "crm",
+        "run-2",
+        "notify-😀",
+        "{}",
+        DIGEST,
+        1_700_000_000_500,
+        "w2",
+        keyed=False,
+    ),
+    m.Executed(
+        "ev-3",
+        "refund:order-42",
+        1_700_000_000_100,
+        1,
+        m.Outcome.OK,
+        None,
+        1_700_000_000_010,
+        1_700_000_000_090,
+        1_700_000_060_000,
+        "worker-1",
+    ),
+    m.Executed(
+        "ev-4",
+        "refund:order-42",
+        1_700_000_000_200,
+        2,
+        m.Outcome.UNKNOWN,
+        "read timeout après 30 s",
+        1_700_000_000_110,
+        1_700_000_000_190,
+        None,
+        "worker-2",
+    ),
+    m.Receipt(
+        "ev-5",
+        "refund:order-42",
+        1_700_000_000_300,
+        0,
+        "re_3NxZ",
+        m.ReceiptSource.WEBHOOK,
+        '{"id":"re_3NxZ","status":"succeeded","memo":"Grüße"}',
+    ),
+    m.Resolution(
+        "ev-6",
+        "refund:order-42",
+        1_700_000_000_400,
+        2,
+        m.Verdict.FOUND,
+        "stripe-reconciler",
+        "listed by the API – gefunden",
+        "re_3NxZ",
+        '{"id":"re_3NxZ"}',
+        4,
+    ),
     m.Resolution("ev-7", "mail:ü-7", 1_700_000_000_401, 1, m.Verdict.ESCALATE, "smtp-reconciler"),
-    m.Decision("ev-8", "mail:ü-7", 1_700_000_000_500, 1, m.DecisionKind.ABANDONED, "zoë@example.org",
-               "customer withdrew – 取消"),
-    m.Decision("ev-9", "refund:order-42", 1_700_000_000_501, 2, m.DecisionKind.CONFIRMED, "ops",
-               "seen in the dashboard", receipt_id="re_3NxZ"),
-    m.Timeout("timeout:refund:order-42:1:CALL", "refund:order-42", 1_700_000_030_001, 1,
-              m.TimeoutPhase.CALL, 1_700_000_030_000),
-    m.EffectState("refund:order-42", m.State.CONFIRMED, "stripe", "refund.create", "shop-eu", "run-ä1",
-                  "step-refund", DIGEST, 2, 7, 1_700_000_000_000, 1_700_000_000_501, 1_700_000_030_000,
-                  "re_3NxZ", 2, ("re_3NxZ", "re_4Ab"),
-                  (m.Flag.DUPLICATE_EXECUTION.value, m.Flag.DUPLICATE_RECEIPT.value), "zwei Ausführungen"),
-    m.EffectState("mail:ü-7", m.State.PENDING, "smtp", "send", "crm", "run-2", "notify-😀", DIGEST, 1, 1,
-                  1_700_000_000_001, 1_700_000_000_001),
-    m.UncertainEffect("ev-10", "refund:order-42", 1_700_000_000_250, 2, "stripe", "refund.create", REQ,
-                      DIGEST, "call outcome UNKNOWN: Zeitüberschreitung", 1_700_000_000_000,
-                      1_700_000_030_000),
-    m.DeadLetter(1_700_000_000_600, "processor", "effects.events", 3, 12_345, "cannot decode: ✗",
-                 b"refund:order-42", b"\xc3\x01\x00\xff"),
+    m.Decision(
+        "ev-8",
+        "mail:ü-7",
+        1_700_000_000_500,
+        1,
+        m.DecisionKind.ABANDONED,
+        "zoë@example.org",
+        "customer withdrew – 取消",
+    ),
+    m.Decision(
+        "ev-9",
+        "refund:order-42",
+        1_700_000_000_501,
+        2,
+        m.DecisionKind.CONFIRMED,
+        "ops",
+        "seen in the dashboard",
+        receipt_id="re_3NxZ",
+    ),
+    m.Timeout(
+        "timeout:refund:order-42:1:CALL",
+        "refund:order-42",
+        1_700_000_030_001,
+        1,
+        m.TimeoutPhase.CALL,
+        1_700_000_030_000,
+    ),
+    m.EffectState(
+        "refund:order-42",
+        m.State.CONFIRMED,
+        "stripe",
+        "refund.create",
+        "shop-eu",
+        "run-ä1",
+        "step-refund",
+        DIGEST,
+        2,
+        7,
+        1_700_000_000_000,
+        1_700_000_000_501,
+        1_700_000_030_000,
+        "re_3NxZ",
+        2,
+        ("re_3NxZ", "re_4Ab"),
+        (m.Flag.DUPLICATE_EXECUTION.value, m.Flag.DUPLICATE_RECEIPT.value),
+        "zwei Ausführungen",
+    ),
+    m.EffectState(
+        "mail:ü-7",
+        m.State.PENDING,
+        "smtp",
+        "send",
+        "crm",
+        "run-2",
+        "notify-😀",
+        DIGEST,
+        1,
+        1,
+        1_700_000_000_001,
+        1_700_000_000_001,
+    ),
+    m.UncertainEffect(
+        "ev-10",
+        "refund:order-42",
+        1_700_000_000_250,
+        2,
+        "stripe",
+        "refund.create",
+        REQ,
+        DIGEST,
+        "call outcome UNKNOWN: Zeitüberschreitung",
+        1_700_000_000_000,
+        1_700_000_030_000,
+    ),
+    m.DeadLetter(
+        1_700_000_000_600,
+        "processor",
+        "effects.events",
+        3,
+        12_345,
+        "cannot decode: ✗",
+        b"refund:order-42",
+        b"\xc3\x01\x00\xff",
+    ),
     m.DeadLetter(1_700_000_000_601, "processor", "effects.events", 0, 0, "null record"),
     m.Retirement("ev-11", "refund:order-42", 1_702_592_000_000, 7, 30 * 86_400_000, "os:oncall@host-ß"),
     m.Claimed("claim:1:refund:order-42", "refund:order-42", 1_700_000_000_000, 1, "ev-1", "worker-1@höst"),
@@ -226,21 +357,38 @@ def _encode_with(old: dict[str, Any], record: dict[str, Any]) -> bytes:
 
 
 OLD_INTENT = {f.name: getattr(SAMPLES[0], f.name) for f in dataclasses.fields(m.Intent) if f.name != "keyed"}
-OLD_RESOLUTION = {"event_id": "ev-r", "effect_id": "k-ß", "at_ms": 5, "attempt": 2, "verdict": "ABSENT",
-                  "reconciler": "r-1"}
-OLD_DECISION = {"event_id": "ev-d", "effect_id": "k-d", "at_ms": 6, "attempt": 1, "decision": "ABANDONED",
-                "by": "zoë", "reason": "cancelled", "receipt_id": None}
+OLD_RESOLUTION = {
+    "event_id": "ev-r",
+    "effect_id": "k-ß",
+    "at_ms": 5,
+    "attempt": 2,
+    "verdict": "ABSENT",
+    "reconciler": "r-1",
+}
+OLD_DECISION = {
+    "event_id": "ev-d",
+    "effect_id": "k-d",
+    "at_ms": 6,
+    "attempt": 1,
+    "decision": "ABANDONED",
+    "by": "zoë",
+    "reason": "cancelled",
+    "receipt_id": None,
+}
 
 EVOLUTION = [
     pytest.param("Intent", ("keyed",), OLD_INTENT, m.Intent(**OLD_INTENT, keyed=True), id="Intent-keyed"),
     pytest.param(
-        "Resolution", ("reason", "receipt_id", "value", "tries"), OLD_RESOLUTION,
-        m.Resolution("ev-r", "k-ß", 5, 2, m.Verdict.ABSENT, "r-1", reason="", receipt_id=None, value=None,
-                     tries=1),
+        "Resolution",
+        ("reason", "receipt_id", "value", "tries"),
+        OLD_RESOLUTION,
+        m.Resolution("ev-r", "k-ß", 5, 2, m.Verdict.ABSENT, "r-1", reason="", receipt_id=None, value=None, tries=1),
         id="Resolution-defaults",
     ),
     pytest.param(
-        "Decision", ("principal",), OLD_DECISION,
+        "Decision",
+        ("principal",),
+        OLD_DECISION,
         m.Decision("ev-d", "k-d", 6, 1, m.DecisionKind.ABANDONED, "zoë", "cancelled", None, principal=""),
         id="Decision-principal",
     ),
@@ -290,8 +438,7 @@ def test_released_decisions_without_a_principal_decode_with_the_shipped_history(
 
 
 def test_register_writer_rejects_unknown_record(fresh_codec: Codec) -> None:
-    other = {"type": "record", "name": "Other", "namespace": "effect_ledger",
-             "fields": [{"name": "x", "type": "int"}]}
+    other = {"type": "record", "name": "Other", "namespace": "effect_ledger", "fields": [{"name": "x", "type": "int"}]}
     with pytest.raises(ValueError, match="effect_ledger.Other"):
         fresh_codec.register_writer(other)
 

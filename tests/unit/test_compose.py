@@ -21,9 +21,9 @@ import click
 import pytest
 import yaml
 
-from effect_ledger.processors.cli import main
+from effect_ledger.cli.main import main
 from effect_ledger.streams.config import DEFAULT_BOOTSTRAP, DEFAULT_PORT
-from effect_ledger.streams.targets import load_targets
+from effect_ledger.targets.load import load_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 # A Kafka release number (3.x.y or 4.x.y) standing alone: not part of 2.24.3 or kafka_2.13.

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from effect_ledger.processors.cli import main
-from effect_ledger.processors.console.auth import Credentials
+from effect_ledger.cli.main import main
+from effect_ledger.console.auth import Credentials
 from tests.console_ledger import ConsoleLedger, console_ledger
 from tests.console_server import serve
 from tests.ops_expected import now_ms
@@ -215,7 +215,8 @@ UNREADABLE_JSON = {
     "a 5000-digit number": (b'{"key": 1' + b"1" * 5000 + b", " + DECISION + b"}", "a number too long"),
     "a lone surrogate in the key": (b'{"key": "\\ud800", ' + DECISION + b"}", "'key' is not text"),
     "a lone surrogate in the reason": (
-        b'{"key": "k", "decision": "ABANDONED", "reason": "\\udfff", "by": "bob"}', "'reason' is not text"
+        b'{"key": "k", "decision": "ABANDONED", "reason": "\\udfff", "by": "bob"}',
+        "'reason' is not text",
     ),
     "nested deeper than the recursion limit": (b"[" * 8000 + b"]" * 8000, "nested too deeply"),
 }
@@ -278,8 +279,9 @@ def test_a_decision_with_basic_auth_records_the_user(tmp_path: Path) -> None:
 
 
 def test_the_console_refuses_to_listen_beyond_loopback_without_credentials(ledger: ConsoleLedger) -> None:
-    r = CliRunner().invoke(main, ["console", "--db", str(ledger.path), "--host", "0.0.0.0"], env={
-        "EFFECTS_CONSOLE_TOKEN": ""})
+    r = CliRunner().invoke(
+        main, ["console", "--db", str(ledger.path), "--host", "0.0.0.0"], env={"EFFECTS_CONSOLE_TOKEN": ""}
+    )
     assert r.exit_code == 1
     assert r.output.strip().splitlines() == [
         "effects: the console would listen on 0.0.0.0, beyond loopback, without credentials: set --token or "

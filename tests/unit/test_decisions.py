@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from effect_ledger import InvalidEffect
-from effect_ledger.processors.integrations.decisions import PersonDecision, parse_decision
-from effect_ledger.streams.model import DecisionKind
+from effect_ledger.core.model import DecisionKind
+from effect_ledger.integrations.decisions import PersonDecision, parse_decision
 
 
 def test_the_three_decisions() -> None:

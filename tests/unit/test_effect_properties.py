@@ -20,8 +20,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from effect_ledger.streams.effect import Effect, absorb, apply, expire, fold, timeout_event_id, to_state
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import Effect, absorb, apply, expire, fold, timeout_event_id, to_state
+from effect_ledger.core.model import (
     Decision,
     DecisionKind,
     Event,
@@ -37,8 +37,8 @@ from effect_ledger.streams.model import (
     UncertainEffect,
     Verdict,
 )
-from effect_ledger.streams.model import Timeout as TimeoutEvent
-from effect_ledger.streams.tables import effect_row, state_row
+from effect_ledger.core.model import Timeout as TimeoutEvent
+from effect_ledger.sdk.store.tables import effect_row, state_row
 
 EXAMPLES = 500
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None)
@@ -86,32 +86,94 @@ def histories(draw: st.DrawFn) -> list[Event]:
 
         for k in range(draw(N_INTENTS)):
             digest = DIGESTS[0] if k == 0 and a == 1 else draw(DIGEST)
-            events.append(Intent(eid("intent"), KEY, base + draw(OFFSET), a, "payments", "refund.create",
-                                 "default", "run-1", "refund-order-123", "{}", digest, deadline, f"worker-{a}"))
+            events.append(
+                Intent(
+                    eid("intent"),
+                    KEY,
+                    base + draw(OFFSET),
+                    a,
+                    "payments",
+                    "refund.create",
+                    "default",
+                    "run-1",
+                    "refund-order-123",
+                    "{}",
+                    digest,
+                    deadline,
+                    f"worker-{a}",
+                )
+            )
         for _ in range(draw(N_EXECUTED)):
             t = base + draw(OFFSET)
             after = draw(RECEIPT_DEADLINE_AFTER)
-            events.append(Executed(eid("exec"), KEY, t, a, draw(OUTCOMES), draw(ERRORS), t - 5, t,
-                                   None if after is None else base + after, f"worker-{a}"))
+            events.append(
+                Executed(
+                    eid("exec"),
+                    KEY,
+                    t,
+                    a,
+                    draw(OUTCOMES),
+                    draw(ERRORS),
+                    t - 5,
+                    t,
+                    None if after is None else base + after,
+                    f"worker-{a}",
+                )
+            )
         for _ in range(draw(N_RECEIPTS)):
             rid = draw(RIDS)
-            events.append(Receipt(eid("receipt"), KEY, base + draw(OFFSET), 0 if draw(RECEIPT_ATTEMPT_ZERO) else a,
-                                  rid, draw(SOURCES), f'{{"id":"{rid}"}}'))
+            events.append(
+                Receipt(
+                    eid("receipt"),
+                    KEY,
+                    base + draw(OFFSET),
+                    0 if draw(RECEIPT_ATTEMPT_ZERO) else a,
+                    rid,
+                    draw(SOURCES),
+                    f'{{"id":"{rid}"}}',
+                )
+            )
         for phase in sorted(draw(PHASES)):
-            events.append(TimeoutEvent(timeout_event_id(KEY, a, phase), KEY, base + draw(OFFSET), a, phase,
-                                       deadline))
+            events.append(TimeoutEvent(timeout_event_id(KEY, a, phase), KEY, base + draw(OFFSET), a, phase, deadline))
         for _ in range(draw(N_RESOLUTIONS)):
             verdict = draw(VERDICTS)
             frid = draw(MAYBE_RIDS) if verdict is Verdict.FOUND else None
-            events.append(Resolution(eid("resolution"), KEY, base + draw(OFFSET), a, verdict, "recon", "why", frid,
-                                     f'{{"id":"{frid}"}}' if frid else None, 1 + draw(ZERO_TO_TWO)))
+            events.append(
+                Resolution(
+                    eid("resolution"),
+                    KEY,
+                    base + draw(OFFSET),
+                    a,
+                    verdict,
+                    "recon",
+                    "why",
+                    frid,
+                    f'{{"id":"{frid}"}}' if frid else None,
+                    1 + draw(ZERO_TO_TWO),
+                )
+            )
         if draw(A_DECISION):
             kind = draw(KINDS)
             drid = draw(MAYBE_RIDS) if kind is DecisionKind.CONFIRMED else None
             events.append(Decision(eid("decision"), KEY, base + draw(OFFSET), a, kind, "alice", "looked", drid))
     if not events:  # nothing drawn at all: give it an intent so that there is something to fold
-        events.append(Intent(eid("intent"), KEY, T0, 1, "payments", "refund.create", "default", "run-1",
-                             "refund-order-123", "{}", DIGESTS[0], T0 + 30, "worker-1"))
+        events.append(
+            Intent(
+                eid("intent"),
+                KEY,
+                T0,
+                1,
+                "payments",
+                "refund.create",
+                "default",
+                "run-1",
+                "refund-order-123",
+                "{}",
+                DIGESTS[0],
+                T0 + 30,
+                "worker-1",
+            )
+        )
     return events
 
 
@@ -152,7 +214,13 @@ def test_order_tolerance_any_permutation_folds_equal(events: list[Event], data: 
     a, b = folded(events), folded(shuffled)
     assert a == b
     assert (a.state, a.flags, a.receipt, a.deadline_ms, a.reason, a.attempt) == (
-        b.state, b.flags, b.receipt, b.deadline_ms, b.reason, b.attempt)
+        b.state,
+        b.flags,
+        b.receipt,
+        b.deadline_ms,
+        b.reason,
+        b.attempt,
+    )
     assert b.version == len({e.event_id for e in events})
     assert all(b.has(e.event_id) for e in events)
     assert set(b.facts) == set(events)
@@ -165,10 +233,16 @@ def test_duplicates_are_flagged_not_overwritten(events: list[Event]) -> None:
     COMPENSATED). Likewise every OK execution is counted and two of them are flagged."""
     eff = folded(events)
     expected_ids = {e.receipt_id for e in events if isinstance(e, Receipt)}
-    expected_ids |= {e.receipt_id for e in events
-                     if isinstance(e, Resolution) and e.verdict is Verdict.FOUND and e.receipt_id is not None}
-    expected_ids |= {e.receipt_id or f"decision:{e.event_id}" for e in events
-                     if isinstance(e, Decision) and e.decision is DecisionKind.CONFIRMED}
+    expected_ids |= {
+        e.receipt_id
+        for e in events
+        if isinstance(e, Resolution) and e.verdict is Verdict.FOUND and e.receipt_id is not None
+    }
+    expected_ids |= {
+        e.receipt_id or f"decision:{e.event_id}"
+        for e in events
+        if isinstance(e, Decision) and e.decision is DecisionKind.CONFIRMED
+    }
     assert eff.receipt_ids == tuple(sorted(expected_ids))
     if len(expected_ids) > 1:
         assert Flag.DUPLICATE_RECEIPT in eff.flags

@@ -1,4 +1,4 @@
-"""Every transition in the derivation table of ``effect_ledger.streams.effect``, one given/when/then test each.
+"""Every transition in the derivation table of ``effect_ledger.core.effect``, one given/when/then test each.
 
 The table (first rule that matches wins)::
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import pytest
 
-from effect_ledger.streams.effect import (
+from effect_ledger.core.effect import (
     DECISION_GRACE_MS,
     Effect,
     apply,
@@ -33,7 +33,7 @@ from effect_ledger.streams.effect import (
     timeout_event_id,
     to_state,
 )
-from effect_ledger.streams.model import (
+from effect_ledger.core.model import (
     Decision,
     DecisionKind,
     EffectState,
@@ -65,40 +65,98 @@ OTHER_DIGEST = "d2" * 32
 # --- builders -------------------------------------------------------------------------------------
 
 
-def intent(attempt: int = 1, at: int = T0, deadline: int = CALL_DEADLINE, digest: str = DIGEST,
-           eid: str | None = None, key: str = KEY) -> Intent:
-    return Intent(eid or f"intent-{attempt}-{at}", key, at, attempt, "payments", "refund.create", "default",
-                  "run-1", "refund-order-123", REQUEST, digest, deadline, "worker-1")
+def intent(
+    attempt: int = 1,
+    at: int = T0,
+    deadline: int = CALL_DEADLINE,
+    digest: str = DIGEST,
+    eid: str | None = None,
+    key: str = KEY,
+) -> Intent:
+    return Intent(
+        eid or f"intent-{attempt}-{at}",
+        key,
+        at,
+        attempt,
+        "payments",
+        "refund.create",
+        "default",
+        "run-1",
+        "refund-order-123",
+        REQUEST,
+        digest,
+        deadline,
+        "worker-1",
+    )
 
 
-def executed(outcome: Outcome = Outcome.OK, attempt: int = 1, at: int = T0 + 500,
-             receipt_deadline: int | None = RECEIPT_DEADLINE, error: str | None = None,
-             eid: str | None = None) -> Executed:
-    return Executed(eid or f"exec-{attempt}-{at}", KEY, at, attempt, outcome, error, at - 400, at - 10,
-                    receipt_deadline, "worker-1")
+def executed(
+    outcome: Outcome = Outcome.OK,
+    attempt: int = 1,
+    at: int = T0 + 500,
+    receipt_deadline: int | None = RECEIPT_DEADLINE,
+    error: str | None = None,
+    eid: str | None = None,
+) -> Executed:
+    return Executed(
+        eid or f"exec-{attempt}-{at}", KEY, at, attempt, outcome, error, at - 400, at - 10, receipt_deadline, "worker-1"
+    )
 
 
-def receipt(receipt_id: str = "re_1", attempt: int = 1, at: int = T0 + 600,
-            source: ReceiptSource = ReceiptSource.CALL, eid: str | None = None) -> Receipt:
-    return Receipt(eid or f"receipt-{attempt}-{at}-{receipt_id}", KEY, at, attempt, receipt_id, source,
-                   f'{{"id":"{receipt_id}"}}')
+def receipt(
+    receipt_id: str = "re_1",
+    attempt: int = 1,
+    at: int = T0 + 600,
+    source: ReceiptSource = ReceiptSource.CALL,
+    eid: str | None = None,
+) -> Receipt:
+    return Receipt(
+        eid or f"receipt-{attempt}-{at}-{receipt_id}", KEY, at, attempt, receipt_id, source, f'{{"id":"{receipt_id}"}}'
+    )
 
 
-def resolution(verdict: Verdict, attempt: int = 1, at: int = T0 + 20_000, receipt_id: str | None = None,
-               reason: str = "", tries: int = 1, eid: str | None = None) -> Resolution:
+def resolution(
+    verdict: Verdict,
+    attempt: int = 1,
+    at: int = T0 + 20_000,
+    receipt_id: str | None = None,
+    reason: str = "",
+    tries: int = 1,
+    eid: str | None = None,
+) -> Resolution:
     value = f'{{"id":"{receipt_id}"}}' if receipt_id else None
-    return Resolution(eid or f"resolution-{attempt}-{at}-{verdict.value}", KEY, at, attempt, verdict,
-                      "gateway-reconciler", reason, receipt_id, value, tries)
+    return Resolution(
+        eid or f"resolution-{attempt}-{at}-{verdict.value}",
+        KEY,
+        at,
+        attempt,
+        verdict,
+        "gateway-reconciler",
+        reason,
+        receipt_id,
+        value,
+        tries,
+    )
 
 
-def decision(kind: DecisionKind, attempt: int = 1, at: int = T0 + 30_000, receipt_id: str | None = None,
-             eid: str | None = None) -> Decision:
-    return Decision(eid or f"decision-{attempt}-{at}-{kind.value}", KEY, at, attempt, kind, "alice",
-                    "checked the dashboard", receipt_id)
+def decision(
+    kind: DecisionKind, attempt: int = 1, at: int = T0 + 30_000, receipt_id: str | None = None, eid: str | None = None
+) -> Decision:
+    return Decision(
+        eid or f"decision-{attempt}-{at}-{kind.value}",
+        KEY,
+        at,
+        attempt,
+        kind,
+        "alice",
+        "checked the dashboard",
+        receipt_id,
+    )
 
 
-def timeout(phase: TimeoutPhase = TimeoutPhase.CALL, attempt: int = 1, at: int = CALL_DEADLINE,
-            deadline: int = CALL_DEADLINE) -> Timeout:
+def timeout(
+    phase: TimeoutPhase = TimeoutPhase.CALL, attempt: int = 1, at: int = CALL_DEADLINE, deadline: int = CALL_DEADLINE
+) -> Timeout:
     return Timeout(timeout_event_id(KEY, attempt, phase), KEY, at, attempt, phase, deadline)
 
 
@@ -181,8 +239,7 @@ def test_webhook_receipt_confirms_a_pending_effect() -> None:
 def test_executed_failed_makes_failed() -> None:
     """given a PENDING effect, when the call is definitively rejected, then the effect is FAILED with
     the error as reason, no deadline, and nothing is emitted."""
-    eff, emitted = apply(effect_of(intent()), executed(Outcome.FAILED, receipt_deadline=None,
-                                                       error="card declined"))
+    eff, emitted = apply(effect_of(intent()), executed(Outcome.FAILED, receipt_deadline=None, error="card declined"))
     assert eff.state is State.FAILED
     assert eff.reason == "card declined"
     assert eff.deadline_ms is None
@@ -264,8 +321,9 @@ def test_receipt_timeout_on_executed_makes_uncertain() -> None:
     nothing further is due."""
     eff = effect_of(intent(), executed(Outcome.OK))
     due = expire(eff, RECEIPT_DEADLINE)
-    assert due == [Timeout(f"timeout:receipt:1:{KEY}", KEY, RECEIPT_DEADLINE, 1, TimeoutPhase.RECEIPT,
-                           RECEIPT_DEADLINE)]
+    assert due == [
+        Timeout(f"timeout:receipt:1:{KEY}", KEY, RECEIPT_DEADLINE, 1, TimeoutPhase.RECEIPT, RECEIPT_DEADLINE)
+    ]
     after, emitted = apply(eff, due[0])
     assert after.state is State.UNCERTAIN
     assert after.reason == "executed, but no receipt by its deadline"
@@ -540,8 +598,7 @@ def test_re_execution_after_absent_or_failed(closed_by: str) -> None:
     assert eff.first_intent is not None and eff.first_intent.attempt == 1
     assert eff.deadline_ms == T0 + 110_000
     assert emitted == ()
-    done = fold([executed(Outcome.OK, attempt=2, at=T0 + 100_500),
-                 receipt("re_2", attempt=2, at=T0 + 100_600)], eff)
+    done = fold([executed(Outcome.OK, attempt=2, at=T0 + 100_500), receipt("re_2", attempt=2, at=T0 + 100_600)], eff)
     assert done is not None
     eff = done
     assert eff.state is State.CONFIRMED
@@ -589,7 +646,8 @@ def test_two_ok_executions_flag_duplicate_execution() -> None:
     """given attempt 1 executed OK (then wrongly judged ABSENT), when attempt 2 also executes OK,
     then the effect counts two executions and is flagged DUPLICATE_EXECUTION."""
     eff = effect_of(
-        intent(), executed(Outcome.OK),
+        intent(),
+        executed(Outcome.OK),
         timeout(TimeoutPhase.RECEIPT, at=RECEIPT_DEADLINE, deadline=RECEIPT_DEADLINE),
         resolution(Verdict.ABSENT, at=RECEIPT_DEADLINE + 1),
         intent(attempt=2, at=T0 + 100_000, deadline=T0 + 110_000),
@@ -603,8 +661,7 @@ def test_two_ok_executions_flag_duplicate_execution() -> None:
 def test_one_ok_execution_is_not_a_duplicate() -> None:
     """given one OK and one UNKNOWN execution, when folded, then only the OK one counts and nothing is
     flagged."""
-    eff = effect_of(intent(), executed(Outcome.UNKNOWN, at=T0 + 100, error="eof"),
-                    executed(Outcome.OK, at=T0 + 200))
+    eff = effect_of(intent(), executed(Outcome.UNKNOWN, at=T0 + 100, error="eof"), executed(Outcome.OK, at=T0 + 200))
     assert eff.executions == 1
     assert Flag.DUPLICATE_EXECUTION not in eff.flags
 
@@ -657,8 +714,13 @@ def test_becoming_uncertain_emits_once_and_unrelated_events_after_emit_nothing()
     emitted while it stays UNCERTAIN."""
     total: list[UncertainEffect] = []
     eff: Effect | None = None
-    stream: list[Event] = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN, reason="503"),
-                           timeout(TimeoutPhase.CALL), resolution(Verdict.UNKNOWN, at=T0 + 25_000, tries=2)]
+    stream: list[Event] = [
+        intent(),
+        executed(Outcome.UNKNOWN, error="eof"),
+        resolution(Verdict.UNKNOWN, reason="503"),
+        timeout(TimeoutPhase.CALL),
+        resolution(Verdict.UNKNOWN, at=T0 + 25_000, tries=2),
+    ]
     for e in stream:
         eff, emitted = apply(eff, e)
         total.extend(emitted)
@@ -681,8 +743,12 @@ def test_no_emission_for_non_uncertain_transitions() -> None:
 def test_applying_an_event_twice_returns_the_identical_object(step: int) -> None:
     """given an effect that already holds an event, when the same event is applied again, then the
     very same Effect object is returned and nothing is emitted."""
-    events: list[Event] = [intent(), executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.UNKNOWN),
-                           decision(DecisionKind.ABSENT)]
+    events: list[Event] = [
+        intent(),
+        executed(Outcome.UNKNOWN, error="eof"),
+        resolution(Verdict.UNKNOWN),
+        decision(DecisionKind.ABSENT),
+    ]
     eff = effect_of(*events)
     again, emitted = apply(eff, events[step])
     assert again is eff
@@ -733,7 +799,12 @@ def test_to_state_fields() -> None:
     assert s.effect_id == KEY
     assert s.state is State.CONFIRMED
     assert (s.target, s.operation, s.namespace, s.run_id, s.step) == (
-        "payments", "refund.create", "default", "run-1", "refund-order-123")
+        "payments",
+        "refund.create",
+        "default",
+        "run-1",
+        "refund-order-123",
+    )
     assert s.request_digest == DIGEST
     assert s.attempt == 2
     assert s.version == len(events) == 8

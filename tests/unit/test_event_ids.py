@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from effect_ledger.streams import receipts
-from effect_ledger.streams.receipts import new_event_id
+from effect_ledger.sdk import receipts
+from effect_ledger.sdk.receipts import new_event_id
 
 ID = re.compile(r"^[0-9a-f]{32}$")
 

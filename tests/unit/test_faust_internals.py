@@ -1,4 +1,4 @@
-"""One test per private faust part the processor uses (processors/faust_internals.py): an upgrade
+"""One test per private faust part the processor uses (processors/_faust_internals.py): an upgrade
 of faust-streaming that moves one fails here, by name."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 from aiokafka.errors import IllegalStateError
 from faust.types import TP
 
-from effect_ledger.processors import faust_internals, rocks
+from effect_ledger.processors import _faust_internals as faust_internals
+from effect_ledger.processors import rocks
 
 
 def test_pinned_to_the_faust_release_it_was_read_from() -> None:

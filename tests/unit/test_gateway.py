@@ -1,4 +1,4 @@
-"""The fake payment gateway (``effect_ledger.processors.demo.gateway``) behaves like a real destination, over real
+"""The fake payment gateway (``effect_ledger.demo.gateway``) behaves like a real destination, over real
 HTTP on loopback: idempotency keys honoured only by the kinds that claim to, lookup by key only where
 offered, and failures on demand (a rejection, an outage before committing, a lost reply)."""
 
@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from effect_ledger.processors.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
-from effect_ledger.processors.demo.gateway import KINDS, Gateway
-from effect_ledger.streams.errors import DefiniteFailure
+from effect_ledger.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
+from effect_ledger.demo.gateway import KINDS, Gateway
+from effect_ledger.errors import DefiniteFailure
 from tests.sdk_contract import run
 
 KEYED = ("key+lookup", "key")
@@ -46,8 +46,9 @@ def gateway(request: pytest.FixtureRequest, gateways: dict[str, Gateway]) -> Gat
 
 def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
-                                                                          **(headers or {})})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())

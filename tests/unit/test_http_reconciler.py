@@ -1,4 +1,4 @@
-"""``effect_ledger.streams.http_reconciler.HttpReconciler`` against the real fake gateway over loopback HTTP: status
+"""``effect_ledger.targets.http.HttpReconciler`` against the real fake gateway over loopback HTTP: status
 codes and JSON mapped to Found / Absent / Unknown, transport failures as Unknown, the URL template and
 key quoting; then the reconciler inside the ledger after a lost reply. No broker needed."""
 
@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
-from effect_ledger.processors.demo.gateway import KINDS, Gateway
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.http_reconciler import HttpReconciler
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import ReceiptSource, State
-from effect_ledger.streams.reconcile import Absent, EffectView, Found, Target, Unknown
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import ReceiptSource, State
+from effect_ledger.core.reconcile import Absent, EffectView, Found, Target, Unknown
+from effect_ledger.demo.client import GatewayClient, GatewayUnavailable, RefundRejected
+from effect_ledger.demo.gateway import KINDS, Gateway
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.http import HttpReconciler
 from tests.sdk_contract import FakeClock, run
 
 T0 = 1_700_000_000_000
@@ -134,9 +134,7 @@ def test_interpret_default_mapping() -> None:
 
 
 def test_interpret_custom_statuses_and_receipt_field() -> None:
-    r = HttpReconciler(
-        "http://gw/{key}", found_status=(200, 201), absent_status=(204,), receipt_field="data.refund.id"
-    )
+    r = HttpReconciler("http://gw/{key}", found_status=(200, 201), absent_status=(204,), receipt_field="data.refund.id")
     body = {"data": {"refund": {"id": "re_9"}}}
     assert r.interpret(201, json.dumps(body)) == Found("re_9", body)
     assert isinstance(r.interpret(204, ""), Absent)
@@ -146,7 +144,9 @@ def test_interpret_custom_statuses_and_receipt_field() -> None:
 
 def test_interpret_state_field_values() -> None:
     r = HttpReconciler(
-        "http://gw/{key}", state_field="status", absent_values=("failed", "canceled"),
+        "http://gw/{key}",
+        state_field="status",
+        absent_values=("failed", "canceled"),
         pending_values=("pending", "requires_action"),
     )
     ok = {"id": "re_1", "status": "succeeded"}
@@ -254,8 +254,8 @@ def test_answer_up_to_max_body_is_read_and_one_byte_more_is_unknown() -> None:
 
 
 def test_targets_file_sets_redirects_and_max_body(tmp_path: Path) -> None:
-    from effect_ledger.streams.errors import TargetsError
-    from effect_ledger.streams.targets import parse_targets
+    from effect_ledger.errors import TargetsError
+    from effect_ledger.targets.load import parse_targets
 
     (t,) = parse_targets(
         '[targets.payments]\nlookup = "http://gw/by-key/{key}"\nredirects = "same-origin"\nmax_body = 4096\n'
@@ -305,9 +305,14 @@ def test_lost_reply_then_execute_again_never_pays_twice(
 
                 def execute() -> Any:
                     return ledger.execute(
-                        target="payments", operation="refund.create", run_id="run-1", step="refund-123",
-                        key=key, request={"order": "123", "amount": 4800},
-                        call=lambda key: client.refund("123", 4800, idempotency_key=key), timeout=10,
+                        target="payments",
+                        operation="refund.create",
+                        run_id="run-1",
+                        step="refund-123",
+                        key=key,
+                        request={"order": "123", "amount": 4800},
+                        call=lambda key: client.refund("123", 4800, idempotency_key=key),
+                        timeout=10,
                     )
 
                 g.state.failures.append(("lost", 0.0))

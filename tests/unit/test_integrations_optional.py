@@ -8,7 +8,7 @@ import sys
 
 PROBE = """
 import sys
-import effect_ledger, effect_ledger.processors.cli, effect_ledger.processors.integrations.decisions
+import effect_ledger, effect_ledger.cli.main, effect_ledger.integrations.decisions
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('langgraph', 'langchain_core', 'dbos'))
 assert not loaded, loaded
 """

@@ -1,4 +1,4 @@
-"""``effect_ledger.streams.reconcile.judge``: a reconciler's answer becomes a Resolution event under the rules
+"""``effect_ledger.core.reconcile.judge``: a reconciler's answer becomes a Resolution event under the rules
 that keep retries safe; and ``Backoff``."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from effect_ledger.streams.effect import Effect, apply, fold
-from effect_ledger.streams.model import Executed, Intent, Outcome, Resolution, State, Verdict
-from effect_ledger.streams.reconcile import (
+from effect_ledger.core.effect import Effect, apply, fold
+from effect_ledger.core.model import Executed, Intent, Outcome, Resolution, State, Verdict
+from effect_ledger.core.reconcile import (
     Absent,
     Backoff,
     Found,
@@ -32,8 +32,21 @@ RECON = "gateway-reconciler"
 
 
 def intent(attempt: int = 1, at: int = T0, deadline: int = DEADLINE) -> Intent:
-    return Intent(f"intent-{attempt}", KEY, at, attempt, "payments", "refund.create", "default", "run-1",
-                  "refund-order-123", '{"amount":4800,"order":"123"}', "d1" * 32, deadline, "worker-1")
+    return Intent(
+        f"intent-{attempt}",
+        KEY,
+        at,
+        attempt,
+        "payments",
+        "refund.create",
+        "default",
+        "run-1",
+        "refund-order-123",
+        '{"amount":4800,"order":"123"}',
+        "d1" * 32,
+        deadline,
+        "worker-1",
+    )
 
 
 def unknown_exec(attempt: int = 1, at: int = T0 + 500) -> Executed:
@@ -50,8 +63,21 @@ def uncertain(*more: Resolution) -> Effect:
 
 def earlier_unknowns(n: int, attempt: int = 1) -> list[Resolution]:
     """``n`` previous UNKNOWN resolutions, as judge would have written them (tries 1..n)."""
-    return [Resolution(f"resolution:{attempt}:{t}:{KEY}", KEY, AFTER_DEADLINE + t, attempt, Verdict.UNKNOWN, RECON,
-                       "503", None, None, t) for t in range(1, n + 1)]
+    return [
+        Resolution(
+            f"resolution:{attempt}:{t}:{KEY}",
+            KEY,
+            AFTER_DEADLINE + t,
+            attempt,
+            Verdict.UNKNOWN,
+            RECON,
+            "503",
+            None,
+            None,
+            t,
+        )
+        for t in range(1, n + 1)
+    ]
 
 
 # --- Found ----------------------------------------------------------------------------------------
@@ -174,8 +200,15 @@ def test_retention_counts_from_the_first_intent_not_the_latest() -> None:
     retention_ms = int(RETENTION_S * 1000)
     absent1 = Resolution(f"resolution:1:1:{KEY}", KEY, AFTER_DEADLINE, 1, Verdict.ABSENT, RECON)
     start2 = T0 + retention_ms - 60_000
-    eff = fold([intent(), unknown_exec(), absent1, intent(2, at=start2, deadline=start2 + 10_000),
-                unknown_exec(2, at=start2 + 500)])
+    eff = fold(
+        [
+            intent(),
+            unknown_exec(),
+            absent1,
+            intent(2, at=start2, deadline=start2 + 10_000),
+            unknown_exec(2, at=start2 + 500),
+        ]
+    )
     assert eff is not None and eff.state is State.UNCERTAIN and eff.attempt == 2
     r = judge(eff, TARGET, Absent(), RECON, T0 + retention_ms + 1)
     assert r.verdict is Verdict.ESCALATE
@@ -234,8 +267,16 @@ def test_default_backoff_escalates_at_five_tries() -> None:
 def test_tries_of_an_earlier_attempt_do_not_count() -> None:
     absent1 = Resolution(f"resolution:1:5:{KEY}", KEY, AFTER_DEADLINE + 10, 1, Verdict.ABSENT, RECON, tries=5)
     start2 = T0 + 100_000
-    eff = fold([intent(), unknown_exec(), *earlier_unknowns(4), absent1,
-                intent(2, at=start2, deadline=start2 + 10_000), unknown_exec(2, at=start2 + 500)])
+    eff = fold(
+        [
+            intent(),
+            unknown_exec(),
+            *earlier_unknowns(4),
+            absent1,
+            intent(2, at=start2, deadline=start2 + 10_000),
+            unknown_exec(2, at=start2 + 500),
+        ]
+    )
     assert eff is not None and eff.attempt == 2
     r = judge(eff, TARGET, Unknown("503"), RECON, start2 + 20_000)
     assert r.verdict is Verdict.UNKNOWN
@@ -271,7 +312,7 @@ def test_backoff_custom_parameters() -> None:
 
 
 def test_backoff_is_capped_for_very_many_tries() -> None:
-    """BUG (streams/reconcile.py:94, Backoff.delay_ms): ``self.factor ** (tries - 1)`` is a float
+    """BUG (effect_ledger/core/reconcile.py:94, Backoff.delay_ms): ``self.factor ** (tries - 1)`` is a float
     power, which raises OverflowError once tries exceeds ~1025 (factor 2) instead of returning the cap.
     Fix: return ``max_s`` once the exponent passes the cap (e.g. compare ``tries - 1`` with
     ``math.log(max_s / first_s, factor)``), or catch OverflowError and return ``max_s``."""
@@ -282,9 +323,22 @@ def test_backoff_is_capped_for_very_many_tries() -> None:
 def test_absent_waits_for_the_latest_deadline_of_the_attempts_intents() -> None:
     """Two intents of attempt 1 (two hosts raced for the key): the later deadline is the one whose
     call may still land, whichever intent owns the attempt."""
-    late = Intent("intent-1b", KEY, T0 + 50, 1, "payments", "refund.create", "default", "run-1",
-                  "refund-order-123", '{"amount":4800,"order":"123"}', "d1" * 32, DEADLINE + 60_000, "worker-2")
-    from effect_ledger.streams.model import Claimed
+    late = Intent(
+        "intent-1b",
+        KEY,
+        T0 + 50,
+        1,
+        "payments",
+        "refund.create",
+        "default",
+        "run-1",
+        "refund-order-123",
+        '{"amount":4800,"order":"123"}',
+        "d1" * 32,
+        DEADLINE + 60_000,
+        "worker-2",
+    )
+    from effect_ledger.core.model import Claimed
 
     owner = Claimed("claimed-1", KEY, T0 + 60, 1, "intent-1", "worker-1")  # the first intent owns it
     eff = fold([intent(), late, owner, unknown_exec()])
@@ -293,21 +347,21 @@ def test_absent_waits_for_the_latest_deadline_of_the_attempts_intents() -> None:
     assert judge(eff, TARGET, Absent(), RECON, LANDED).verdict is Verdict.UNKNOWN
     assert judge(eff, TARGET, Absent(), RECON, DEADLINE + 60_000 + TARGET.lands_within_ms).verdict is Verdict.ABSENT
     # The reconcilers' work item carries that deadline too (Kafka mode judges from it).
-    from effect_ledger.streams.effect import uncertain_event
+    from effect_ledger.core.effect import uncertain_event
 
     assert uncertain_event(eff).deadline_ms == DEADLINE + 60_000
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), 8 * 86400.0, "2s"])
 def test_a_lands_within_no_call_can_have_is_refused(bad: object) -> None:
-    from effect_ledger.streams.errors import TargetsError
+    from effect_ledger.errors import TargetsError
 
     with pytest.raises(TargetsError, match="lands_within_s must be between 0 and"):
         Target("payments", lands_within_s=bad)  # type: ignore[arg-type]
 
 
 def test_only_an_early_answers_own_event_id_marks_it_early() -> None:
-    from effect_ledger.streams.reconcile import answered_too_early
+    from effect_ledger.core.reconcile import answered_too_early
 
     odd = "early:" + "5ca1d0a8" * 8  # a key that holds the marker's text
     r = judge(uncertain(), TARGET, Unknown("503"), RECON, AFTER_DEADLINE)

@@ -1,4 +1,4 @@
-"""The key rule and the canonical request form (``effect_ledger.streams.keys``).
+"""The key rule and the canonical request form (``effect_ledger.core.keys``).
 
 The vectors below pin ``effect_key``: a change to the rule turns every replay of an old run into a
 second effect, so it must fail the build.
@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from effect_ledger.streams.errors import InvalidEffect
-from effect_ledger.streams.keys import (
+from effect_ledger.core.keys import (
     MAX_KEY_LENGTH,
     canonical_json,
     check_key,
@@ -25,23 +24,35 @@ from effect_ledger.streams.keys import (
     digest,
     effect_key,
 )
+from effect_ledger.errors import InvalidEffect
 
 # NEVER CHANGE: these keys are stored in ledgers and sent to destinations as idempotency keys.
 # Each was computed once and cross-checked by hand as sha256 of the UTF-8 JSON array
 # [namespace, run_id, step, operation] with no whitespace and non-ASCII kept as is.
 KEY_VECTORS = [
     # (target, operation, run_id, step, namespace or None for the default) -> key
-    (("payments", "refund.create", "run-1", "refund-order-123", None),
-     "payments:5ca1d0a868445a9a41beb17d33bc3d8ea2f3de9789b6c6661ffe166f78f5f777"),
-    (("payments", "refund.create", "run-1", "refund-order-123", "shop-eu"),
-     "payments:12c5cfad2b65d355ee388d4597c87d1b9f930771d9875f739a90db8db9abe7c5"),
-    (("mail", "send", "Lauf-ä-返金-😀", "notify", None),
-     "mail:2167fa817404cfcc078cb3ad82f05a02d9eed773ffc71451919f4627bdf72f94"),
+    (
+        ("payments", "refund.create", "run-1", "refund-order-123", None),
+        "payments:5ca1d0a868445a9a41beb17d33bc3d8ea2f3de9789b6c6661ffe166f78f5f777",
+    ),
+    (
+        ("payments", "refund.create", "run-1", "refund-order-123", "shop-eu"),
+        "payments:12c5cfad2b65d355ee388d4597c87d1b9f930771d9875f739a90db8db9abe7c5",
+    ),
+    (
+        ("mail", "send", "Lauf-ä-返金-😀", "notify", None),
+        "mail:2167fa817404cfcc078cb3ad82f05a02d9eed773ffc71451919f4627bdf72f94",
+    ),
 ]
 
 KEY_SHAPE = re.compile(r"^(?P<target>[^:]+):(?P<digest>[0-9a-f]{64})$")
-BASE = {"target": "payments", "operation": "refund.create", "run_id": "run-1", "step": "refund-order-123",
-        "namespace": "default"}
+BASE = {
+    "target": "payments",
+    "operation": "refund.create",
+    "run_id": "run-1",
+    "step": "refund-order-123",
+    "namespace": "default",
+}
 
 
 def key_of(**over: str) -> str:
@@ -92,7 +103,7 @@ def test_the_default_namespace_is_default() -> None:
 
 
 def test_key_rule_is_sha256_of_the_json_array() -> None:
-    """The documented rule, recomputed independently of effect_ledger.streams.keys."""
+    """The documented rule, recomputed independently of effect_ledger.core.keys."""
     material = '["default","Lauf-ä-返金-😀","notify","send"]'.encode()
     assert effect_key("mail", "send", "Lauf-ä-返金-😀", "notify") == "mail:" + hashlib.sha256(material).hexdigest()
 
@@ -104,8 +115,13 @@ def test_key_is_stable_across_calls() -> None:
 
 @pytest.mark.parametrize("field", ["namespace", "run_id", "step", "operation", "target"])
 def test_key_differs_when_any_identifier_differs(field: str) -> None:
-    changed = {"target": "mail", "operation": "refund.cancel", "run_id": "run-2", "step": "refund-order-124",
-               "namespace": "shop-eu"}[field]
+    changed = {
+        "target": "mail",
+        "operation": "refund.cancel",
+        "run_id": "run-2",
+        "step": "refund-order-124",
+        "namespace": "shop-eu",
+    }[field]
     assert key_of(**{field: changed}) != key_of()
     # and the difference is in the digest, except for the target prefix
     if field != "target":
@@ -135,8 +151,10 @@ def test_key_shape_target_prefix_and_64_hex_digest() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(a=st.tuples(st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8)),
-       b=st.tuples(st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8)))
+@given(
+    a=st.tuples(st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8)),
+    b=st.tuples(st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8), st.text(min_size=1, max_size=8)),
+)
 def test_key_is_injective_in_namespace_run_and_step(a: tuple[str, str, str], b: tuple[str, str, str]) -> None:
     ka = effect_key("t", "op", a[1], a[2], namespace=a[0])
     kb = effect_key("t", "op", b[1], b[2], namespace=b[0])
@@ -146,8 +164,15 @@ def test_key_is_injective_in_namespace_run_and_step(a: tuple[str, str, str], b: 
 
 @pytest.mark.parametrize(
     "over",
-    [{"run_id": ""}, {"step": ""}, {"namespace": ""}, {"target": "bad target"}, {"target": ""},
-     {"operation": "refund/create"}, {"target": "-payments"}],
+    [
+        {"run_id": ""},
+        {"step": ""},
+        {"namespace": ""},
+        {"target": "bad target"},
+        {"target": ""},
+        {"operation": "refund/create"},
+        {"target": "-payments"},
+    ],
 )
 def test_effect_key_rejects_bad_identifiers(over: dict[str, str]) -> None:
     with pytest.raises(InvalidEffect):
@@ -185,8 +210,17 @@ def test_digest_is_sha256_hex_of_utf8() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [math.nan, {"amount": math.nan}, [math.inf], {"x": -math.inf}, object(), {"x": {1, 2}}, b"bytes",
-     {"when": __import__("datetime").date(2024, 1, 1)}, {1: "a", "b": 2}],
+    [
+        math.nan,
+        {"amount": math.nan},
+        [math.inf],
+        {"x": -math.inf},
+        object(),
+        {"x": {1, 2}},
+        b"bytes",
+        {"when": __import__("datetime").date(2024, 1, 1)},
+        {1: "a", "b": 2},
+    ],
     ids=["nan", "nested-nan", "inf", "-inf", "object", "set", "bytes", "date", "mixed-key-types"],
 )
 def test_canonical_json_rejects_nan_and_non_serialisable(bad: object) -> None:
@@ -211,10 +245,36 @@ def test_check_name_accepts_good_names(good: str) -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    ["", " ", "pay ments", "payments ", "refund/create", "x" * 65, "-payments", "_payments", ".payments",
-     "pay:ments", "zahlungsüberweisung", None, 42],
-    ids=["empty", "space", "inner-space", "trailing-space", "slash", "65-chars", "leading-dash",
-         "leading-underscore", "leading-dot", "colon", "non-ascii", "none", "int"],
+    [
+        "",
+        " ",
+        "pay ments",
+        "payments ",
+        "refund/create",
+        "x" * 65,
+        "-payments",
+        "_payments",
+        ".payments",
+        "pay:ments",
+        "zahlungsüberweisung",
+        None,
+        42,
+    ],
+    ids=[
+        "empty",
+        "space",
+        "inner-space",
+        "trailing-space",
+        "slash",
+        "65-chars",
+        "leading-dash",
+        "leading-underscore",
+        "leading-dot",
+        "colon",
+        "non-ascii",
+        "none",
+        "int",
+    ],
 )
 def test_check_name_rejects_bad_names(bad: object) -> None:
     with pytest.raises(InvalidEffect):
@@ -223,7 +283,7 @@ def test_check_name_rejects_bad_names(bad: object) -> None:
 
 @pytest.mark.parametrize("bad", ["payments\n", "x" * 64 + "\n"], ids=["trailing-newline", "64-chars+newline"])
 def test_check_name_rejects_a_trailing_newline(bad: str) -> None:
-    """BUG (streams/keys.py:19,24): ``_NAME.match`` with a ``$`` anchor accepts a trailing newline,
+    """BUG (effect_ledger/core/keys.py:19,24): ``_NAME.match`` with a ``$`` anchor accepts a trailing newline,
     so "payments\\n" passes as a target and ends up inside the key. Use ``fullmatch`` (or ``\\Z``)."""
     with pytest.raises(InvalidEffect):
         check_name("target", bad)
@@ -251,7 +311,7 @@ def test_check_key_rejects_bad_keys(bad: object) -> None:
 
 
 def test_check_key_rejects_a_trailing_newline() -> None:
-    """BUG (streams/keys.py:20,36): ``_KEY.match`` with ``$`` accepts "abc\\n", a key with a newline,
+    """BUG (effect_ledger/core/keys.py:20,36): ``_KEY.match`` with ``$`` accepts "abc\\n", a key with a newline,
     which is unsafe in an HTTP header (the reason the rule exists). Use ``fullmatch`` (or ``\\Z``)."""
     with pytest.raises(InvalidEffect):
         check_key("abc\n")

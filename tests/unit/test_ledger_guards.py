@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams.errors import EffectInProgress
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.reconcile import Absent, Target
+from effect_ledger.core.reconcile import Absent, Target
+from effect_ledger.errors import EffectInProgress
+from effect_ledger.sdk.ledger import Ledger
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, Destination, FakeClock, reconciler_of, run
 

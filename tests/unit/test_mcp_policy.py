@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.processors.mcp.calls import lookup_answer
-from effect_ledger.processors.mcp.policy import WriteTool, call_identity, load_policy
-from effect_ledger.processors.mcp.wire import read_lines
-from effect_ledger.streams.errors import InvalidEffect, TargetsError
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.reconcile import Absent, Found, Unknown
-from effect_ledger.streams.targets import parse_targets
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.reconcile import Absent, Found, Unknown
+from effect_ledger.errors import InvalidEffect, TargetsError
+from effect_ledger.mcp.calls import lookup_answer
+from effect_ledger.mcp.policy import WriteTool, call_identity, load_policy
+from effect_ledger.mcp.wire import read_lines
+from effect_ledger.targets.load import parse_targets
 
 REFUND = WriteTool("refund", "payments", "refund", lookup_tool="find_refund")
 ARGS = {"order": "A-1", "amount": 4800}
@@ -118,7 +118,7 @@ def test_read_lines_skips_a_line_over_the_limit() -> None:
 
 
 def test_late_answer_to_an_abandoned_request_is_dropped() -> None:
-    from effect_ledger.processors.mcp.wire import Pending
+    from effect_ledger.mcp.wire import Pending
 
     async def scenario() -> tuple[bool, bool, bool]:
         pending = Pending()

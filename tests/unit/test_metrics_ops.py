@@ -1,5 +1,5 @@
 """The Grafana dashboard and the Prometheus alert rules shipped in ops/ only name metrics the code
-exports (``effect_ledger.streams.metrics.METRICS``), so they cannot drift from it; checked by
+exports (``effect_ledger.metrics.names.METRICS``), so they cannot drift from it; checked by
 parsing them (JSON, YAML, the metric names in every PromQL expression), without promtool. And
 ``--metrics-port`` without the [metrics] extra is one line naming it."""
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from effect_ledger.streams.metrics import METRICS, LedgerMetrics, exported_names, markdown_table
+from effect_ledger.metrics.names import METRICS, LedgerMetrics, exported_names, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "ops" / "grafana" / "effect-ledger.json"
@@ -122,10 +122,8 @@ def test_the_registry_exports_exactly_the_table() -> None:
     assert all(f"`{n}`" in table for n in METRICS)
 
 
-def test_metrics_port_without_the_extra_is_one_line_naming_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from effect_ledger.processors.cli import main
+def test_metrics_port_without_the_extra_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from effect_ledger.cli.main import main
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # "not installed" to find_spec
     (tmp_path / "t.toml").write_text('[targets.payments]\nlookup = "none"\n')
@@ -147,8 +145,8 @@ def test_the_relay_counts_its_outbox_on_the_applications_registry(tmp_path: Path
 
     from prometheus_client import CollectorRegistry
 
-    from effect_ledger.streams.ledger import Ledger
-    from effect_ledger.streams.reconcile import Target
+    from effect_ledger.core.reconcile import Target
+    from effect_ledger.sdk.ledger import Ledger
 
     app_registry = CollectorRegistry()
     metrics = LedgerMetrics(app_registry)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from effect_ledger.streams.metrics import exported_names
+from effect_ledger.metrics.names import exported_names
 from tests.incident import EXPECTED, incident
 from tests.ops_expected import now_ms, write_ledger
 from tests.services import Service, free_port, wait_for

@@ -25,12 +25,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from effect_ledger.processors.cli import main
-from effect_ledger.streams.effect import Effect
-from effect_ledger.streams.errors import EffectClosed, EffectUncertain
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.ledger import Confirmation, Ledger
-from effect_ledger.streams.model import (
+from effect_ledger.cli.main import main
+from effect_ledger.core.effect import Effect
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import (
     Decision,
     DecisionKind,
     Event,
@@ -45,7 +43,9 @@ from effect_ledger.streams.model import (
     TimeoutPhase,
     Verdict,
 )
-from effect_ledger.streams.reconcile import Target
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectClosed, EffectUncertain
+from effect_ledger.sdk.ledger import Confirmation, Ledger
 from tests.incident import EXPECTED, Incident, incident
 from tests.ops_expected import CHECKS, checks_of, expected_checks, expected_targets, now_ms, write_ledger
 
@@ -490,10 +490,10 @@ def test_resolve_does_not_turn_another_sqlite_file_into_a_ledger(tmp_path: Path)
 def test_trace_keeps_the_recorded_order_of_events_in_the_same_millisecond(tmp_path: Path) -> None:
     """Event ids are random past their millisecond prefix: two events of one millisecond must keep
     the order the ledger recorded them in (intent before its outcome), not the order of their ids."""
-    from effect_ledger.processors.ops import views
-    from effect_ledger.streams.keys import canonical_json, digest
-    from effect_ledger.streams.model import Executed, Intent, Outcome
-    from effect_ledger.streams.store import Durability, Store
+    from effect_ledger.core.keys import canonical_json, digest
+    from effect_ledger.core.model import Executed, Intent, Outcome
+    from effect_ledger.ops import views
+    from effect_ledger.sdk.store.sqlite import Durability, Store
 
     path = tmp_path / "effects.db"
     key = effect_key("payments", "refund.create", "run-1", "same-ms")

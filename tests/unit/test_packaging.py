@@ -33,7 +33,7 @@ def setuptools_config() -> dict[str, Any]:
 
 def test_every_package_folder_is_listed(setuptools_config: dict[str, Any]) -> None:
     folders = package_folders()
-    assert {"effect_ledger.processors.ops", "effect_ledger.processors.demo"} <= set(folders)  # not vacuous
+    assert {"effect_ledger.ops", "effect_ledger.demo"} <= set(folders)  # not vacuous
     assert sorted(setuptools_config["packages"]) == sorted(folders)
     # Each listed package maps (package-dir) to the folder it really is in.
     mapping = setuptools_config["package-dir"]
@@ -105,7 +105,7 @@ BLOCKED_CLI = f"""
 import sys
 for name in {KAFKA_MODULES!r}:
     sys.modules[name] = None
-from effect_ledger.processors.cli import main
+from effect_ledger.cli.main import main
 sys.argv[0] = "effects"
 main()
 """

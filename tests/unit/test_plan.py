@@ -1,13 +1,12 @@
-"""``effect_ledger.streams.plan``: the README's "what execute does" table, row by row, against the
+"""``effect_ledger.core.plan``: the README's "what execute does" table, row by row, against the
 pure plan (no file, no clock, no process table: every input is given)."""
 
 from __future__ import annotations
 
 import pytest
 
-from effect_ledger.streams.effect import Effect, fold
-from effect_ledger.streams.errors import EffectClosed, EffectConflict, EffectInProgress, EffectUncertain
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import Effect, fold
+from effect_ledger.core.model import (
     Decision,
     DecisionKind,
     Event,
@@ -20,7 +19,7 @@ from effect_ledger.streams.model import (
     State,
     Verdict,
 )
-from effect_ledger.streams.plan import (
+from effect_ledger.core.plan import (
     AskFirst,
     CallSpec,
     Execute,
@@ -30,7 +29,8 @@ from effect_ledger.streams.plan import (
     after_answer,
     plan,
 )
-from effect_ledger.streams.reconcile import Target
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectClosed, EffectConflict, EffectInProgress, EffectUncertain
 
 KEY = "payments:" + "5ca1d0a8" * 8
 T0 = 1_700_000_000_000

@@ -10,13 +10,13 @@ from typing import Any
 
 import faust
 
+from effect_ledger.core.effect import Effect, fold
+from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource, State, UncertainEffect
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.deadline_index import RESEND_AFTER_MS, DeadlineIndex, due_of
 from effect_ledger.processors.lookup_route import LookupRoute, authorized
 from effect_ledger.processors.table_value import TableValueTooLarge
 from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.effect import Effect, fold
-from effect_ledger.streams.model import Executed, Intent, Outcome, Receipt, ReceiptSource, State, UncertainEffect
 from effect_ledger.streams.partition import partition_for
 
 KEY = "payments:k"
@@ -139,6 +139,7 @@ def test_any_past_due_is_false_before_grace_and_when_empty() -> None:
     idx.record_highwaters(6_000, {0: 0})
     assert idx.due(6_000, lambda p: 0) == []  # the stale heap item is dropped, not fired
     assert not idx.any_past_due(6_000)
+
 
 # -- batch fold ---------------------------------------------------------------------------------
 

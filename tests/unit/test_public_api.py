@@ -80,8 +80,7 @@ def test_classes_and_functions_have_docstrings() -> None:
     undocumented = [
         name
         for name in EXPORTS
-        if (inspect.isclass(obj := getattr(effect_ledger, name)) or inspect.isfunction(obj))
-        and not _own_docstring(obj)
+        if (inspect.isclass(obj := getattr(effect_ledger, name)) or inspect.isfunction(obj)) and not _own_docstring(obj)
     ]
     assert undocumented == []
     # Not vacuous: most of the door is classes and functions.

@@ -1,4 +1,4 @@
-"""The read-only reader (``effect_ledger.streams.reader``) on hostile paths and files.
+"""The read-only reader (``effect_ledger.sdk.store.reader``) on hostile paths and files.
 
 * A path is a path: ``#``, ``?`` and ``%`` in a file's name were read as the SQLite URI's fragment
   and parameters (``f"file:{p}?mode=ro"``): ``led#1.db`` was refused and an empty ``led`` created
@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from effect_ledger.processors.cli import main
-from effect_ledger.streams.errors import StorageError
-from effect_ledger.streams.reader import LedgerReader
+from effect_ledger.cli.main import main
+from effect_ledger.errors import StorageError
+from effect_ledger.sdk.store.reader import LedgerReader
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 

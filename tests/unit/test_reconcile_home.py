@@ -1,4 +1,4 @@
-"""One home for reconciliation (``effect_ledger.streams.reconcile``): the target rule, asking under
+"""One home for reconciliation (``effect_ledger.core.reconcile``): the target rule, asking under
 the target's timeout, the next check by the target's backoff and the view reconcilers are given,
 the same for the SDK, the embedded runner, the reconciliation consumers and the processor.
 
@@ -14,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.processors.deadline_index import due_of
-from effect_ledger.processors.runner import Runner
-from effect_ledger.streams.effect import Effect, fold, uncertain_event
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Executed, Intent, Outcome, Resolution, State, Verdict
-from effect_ledger.streams.reconcile import (
+from effect_ledger.core.effect import Effect, fold, uncertain_event
+from effect_ledger.core.model import Executed, Intent, Outcome, Resolution, State, Verdict
+from effect_ledger.core.reconcile import (
     DEFAULT_ASK_TIMEOUT_S,
     Backoff,
     CallableReconciler,
@@ -35,7 +31,11 @@ from effect_ledger.streams.reconcile import (
     view,
     view_of_uncertain,
 )
-from effect_ledger.streams.targets import parse_targets
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.processors.deadline_index import due_of
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.runner import Runner
+from effect_ledger.targets.load import parse_targets
 from tests.sdk_contract import T0, FakeClock, reconciler_of, run
 
 SLOW = Backoff(first_s=3600.0, factor=1.0, max_s=3600.0, max_tries=3)
@@ -166,7 +166,7 @@ def test_a_reconciler_is_bounded_by_the_targets_timeout() -> None:
 
 
 def test_the_ask_timeout_is_the_targets_else_its_lookups_else_the_default() -> None:
-    from effect_ledger.streams.http_reconciler import HttpReconciler
+    from effect_ledger.targets.http import HttpReconciler
 
     lookup = HttpReconciler("http://127.0.0.1:9/by-key/{key}", timeout=3.0)
     assert ask_timeout_s(Target("t", reconciler=lookup)) == 3.0

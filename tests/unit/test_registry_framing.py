@@ -10,7 +10,7 @@ import fastavro
 import pytest
 
 from effect_ledger import schemas
-from effect_ledger.streams import model as m
+from effect_ledger.core import model as m
 from effect_ledger.streams.codec import Codec, DecodeError, schema_fingerprint
 from effect_ledger.streams.registry import RegistryClient, RegistryError
 from tests.registry_server import RegistryServer

@@ -1,4 +1,4 @@
-"""Retiring closed effects in the ledger file (embedded mode): the rule (``streams/retention.py``)
+"""Retiring closed effects in the ledger file (embedded mode): the rule (``effect_ledger/core/retention.py``)
 row by row, what a retirement deletes and keeps, and that a retired key is never executed again."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.streams import retire_store
-from effect_ledger.streams.errors import DefiniteFailure, EffectRetired
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import State
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.retention import Retired, due, why_not
+from effect_ledger.core.model import State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.core.retention import Retired, due, why_not
+from effect_ledger.errors import DefiniteFailure, EffectRetired
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.store import retire as retire_store
 from tests.sdk_contract import KEY, OPERATION, RUN_ID, STEP, TARGET, Destination, FakeClock, run
 
 DAY = 24 * 3600 * 1000
@@ -196,7 +196,7 @@ def test_a_late_receipt_for_a_retired_key_is_refused_not_recorded(tmp_path: Path
 def test_effects_retire_cli_on_a_ledger_file(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from effect_ledger.processors.cli import main
+    from effect_ledger.cli.main import main
 
     path = tmp_path / "e.db"
     dest = Destination()

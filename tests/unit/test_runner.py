@@ -1,4 +1,4 @@
-"""The embedded runner (``effect_ledger.processors.runner.Runner``) on a real SQLite ledger with a fake clock:
+"""The embedded runner (``effect_ledger.sdk.runner.Runner``) on a real SQLite ledger with a fake clock:
 deadlines fire a Timeout event (after the grace, not before), uncertain effects are reconciled with
 backoff, and escalated when nobody can tell."""
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.runner import Runner
-from effect_ledger.streams.effect import timeout_event_id
-from effect_ledger.streams.errors import EffectUncertain
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Executed, Outcome, State, Timeout, TimeoutPhase, Verdict
-from effect_ledger.streams.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.core.effect import timeout_event_id
+from effect_ledger.core.model import Executed, Outcome, State, Timeout, TimeoutPhase, Verdict
+from effect_ledger.core.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.runner import Runner
 from tests.sdk_contract import (
     KEY,
     OPERATION,
@@ -38,9 +38,7 @@ from tests.sdk_contract import (
 GRACE = 1_000
 
 
-def with_ledger(
-    tmp_path: Path, body: Callable[[Ledger, FakeClock], Awaitable[None]], *targets: Target
-) -> None:
+def with_ledger(tmp_path: Path, body: Callable[[Ledger, FakeClock], Awaitable[None]], *targets: Target) -> None:
     clock = FakeClock()
 
     async def main() -> None:
@@ -60,7 +58,12 @@ async def uncertain(ledger: Ledger, timeout: float = 10.0) -> str:
     dest.fail.append(ConnectionError("connection reset"))
     with pytest.raises(EffectUncertain):
         await ledger.execute(
-            target=TARGET, operation=OPERATION, run_id=RUN_ID, step=STEP, request=REQUEST, call=dest,
+            target=TARGET,
+            operation=OPERATION,
+            run_id=RUN_ID,
+            step=STEP,
+            request=REQUEST,
+            call=dest,
             timeout=timeout,
         )
     assert (await ledger.get(KEY)).state is State.UNCERTAIN  # type: ignore[union-attr]
@@ -231,7 +234,9 @@ def test_unknown_backs_off_then_escalates_after_max_tries(tmp_path: Path) -> Non
         effect = await ledger.get(key)
         assert effect.state is State.ESCALATED  # type: ignore[union-attr]
         assert [(r.verdict, r.tries) for r in effect.resolutions] == [  # type: ignore[union-attr]
-            (Verdict.UNKNOWN, 1), (Verdict.UNKNOWN, 2), (Verdict.ESCALATE, 3),
+            (Verdict.UNKNOWN, 1),
+            (Verdict.UNKNOWN, 2),
+            (Verdict.ESCALATE, 3),
         ]
         assert "gateway 503" in (effect.reason or "")  # type: ignore[union-attr]
         # Escalated effects are a person's business now: the runner leaves them alone.

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams import model as m
+from effect_ledger.core import model as m
 from effect_ledger.streams.codec import Codec, UnknownSchema, schema_fingerprint
 from effect_ledger.streams.schema_topic import schema_key, schema_value
 from tests.newer_writer import encode, newer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from effect_ledger.streams.ledger import Ledger
+from effect_ledger.sdk.ledger import Ledger
 from tests.sdk_contract import DECLARED, LedgerContract
 
 

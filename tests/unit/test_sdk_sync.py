@@ -35,7 +35,10 @@ from typing import Any
 import pytest
 
 from effect_ledger import SyncLedger
-from effect_ledger.streams.errors import (
+from effect_ledger.core.keys import effect_key
+from effect_ledger.core.model import DecisionKind, Executed, Outcome, ReceiptSource, State
+from effect_ledger.core.reconcile import Answer, EffectView, Reconciler, Target
+from effect_ledger.errors import (
     EffectConflict,
     EffectInProgress,
     EffectUncertain,
@@ -43,11 +46,8 @@ from effect_ledger.streams.errors import (
     LedgerClosed,
     UnknownTarget,
 )
-from effect_ledger.streams.keys import effect_key
-from effect_ledger.streams.ledger import Confirmation
-from effect_ledger.streams.model import DecisionKind, Executed, Outcome, ReceiptSource, State
-from effect_ledger.streams.reconcile import Answer, EffectView, Reconciler, Target
-from effect_ledger.streams.store import Store
+from effect_ledger.sdk.ledger import Confirmation
+from effect_ledger.sdk.store.sqlite import Store
 from tests.sdk_contract import (
     DECLARED,
     KEY,
@@ -631,7 +631,10 @@ def test_interrupted_caller_records_the_call_unknown(tmp_path: Path) -> None:
     script.write_text(_INTERRUPTED_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [sys.executable, str(script), path, str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, str(script), path, str(ready)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env=env,
     )
     try:
@@ -665,7 +668,7 @@ def test_sync_ledger_from_inside_its_own_loop_is_refused(tmp_path: Path) -> None
             raise
         raise AssertionError("not refused")
 
-    from effect_ledger.streams.reconcile import CallableReconciler
+    from effect_ledger.core.reconcile import CallableReconciler
 
     targets = [Target(TARGET, reconciler=CallableReconciler(lookup))]
     with SyncLedger.open(db(tmp_path), targets=targets) as ledger:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.processors.ops.sink_db import COLUMNS, SqliteStore, open_store
-from effect_ledger.processors.ops.sources import SourceError
-from effect_ledger.streams.errors import MissingExtra
+from effect_ledger.errors import MissingExtra
+from effect_ledger.ops.sink_db import COLUMNS, SqliteStore, open_store
+from effect_ledger.ops.sources import SourceError
 
 
 def row(key: str, version: int) -> dict[str, object]:

@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.streams.effect import apply, begin
-from effect_ledger.streams.errors import StorageError
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Intent, State
-from effect_ledger.streams.reader import LedgerReader
-from effect_ledger.streams.reconcile import Target
-from effect_ledger.streams.store import Store
-from effect_ledger.streams.tables import UNSETTLED, due_checks, due_deadlines, in_state, unsettled
+from effect_ledger.core.effect import apply, begin
+from effect_ledger.core.model import Intent, State
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import StorageError
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.store.reader import LedgerReader
+from effect_ledger.sdk.store.sqlite import Store
+from effect_ledger.sdk.store.tables import UNSETTLED, due_checks, due_deadlines, in_state, unsettled
 
 TARGETS = [Target("payments")]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.ops import page
-from effect_ledger.processors.ops.views import Row
+from effect_ledger.ops import page
+from effect_ledger.ops.views import Row
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 

@@ -12,12 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from effect_ledger.processors import table_value
-from effect_ledger.processors.table_value import TableValueTooLarge, decode, encode, slim
-from effect_ledger.streams.codec import default_codec
-from effect_ledger.streams.effect import Effect, apply, claim_verdict, fold, to_state
-from effect_ledger.streams.limits import MAX_RECEIPT_BYTES, MAX_REQUEST_BYTES, MAX_TABLE_VALUE_BYTES, MAX_TEXT_BYTES
-from effect_ledger.streams.model import (
+from effect_ledger.core.effect import Effect, apply, claim_verdict, fold, to_state
+from effect_ledger.core.limits import MAX_RECEIPT_BYTES, MAX_REQUEST_BYTES, MAX_TABLE_VALUE_BYTES, MAX_TEXT_BYTES
+from effect_ledger.core.model import (
     INEXACT_PREFIX,
     Decision,
     DecisionKind,
@@ -32,6 +29,9 @@ from effect_ledger.streams.model import (
     State,
     Verdict,
 )
+from effect_ledger.processors import table_value
+from effect_ledger.processors.table_value import TableValueTooLarge, decode, encode, slim
+from effect_ledger.streams.codec import default_codec
 from tests.unit.test_effect_properties import histories
 
 KEY = "payments:k"

@@ -1,4 +1,4 @@
-"""The targets declaration (``effect_ledger.streams.targets``): a valid file gives the expected
+"""The targets declaration (``effect_ledger.targets.load``): a valid file gives the expected
 ``Target`` objects; every mistake is a ``TargetsError`` whose message starts with ``FILE:LINE:`` and
 names the problem; the ledger refuses undeclared targets and never creates its file on a bad
 declaration."""
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 from effect_ledger import SyncLedger
-from effect_ledger.streams.errors import EffectUncertain, TargetsError, UnknownTarget
-from effect_ledger.streams.http_reconciler import HttpReconciler
-from effect_ledger.streams.ledger import Ledger
-from effect_ledger.streams.model import Executed, Outcome, State
-from effect_ledger.streams.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
-from effect_ledger.streams.targets import ENV_VAR, MAX_FILE_BYTES, load_targets, parse_targets, resolve
+from effect_ledger.core.model import Executed, Outcome, State
+from effect_ledger.core.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.errors import EffectUncertain, TargetsError, UnknownTarget
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.http import HttpReconciler
+from effect_ledger.targets.load import ENV_VAR, MAX_FILE_BYTES, load_targets, parse_targets, resolve
 from tests.sdk_contract import KEY, OPERATION, REQUEST, RUN_ID, STEP, db_counts, run
 
 FIXTURE_MODULE = "h2targets_fixture"
@@ -261,77 +261,147 @@ BAD = [
     ("unclosed-table", '[targets.payments\nlookup = "none"\n', 1, "not valid TOML"),
     ("duplicate-table", '[targets.sms]\nlookup = "none"\n\n[targets.sms]\nlookup = "none"\n', 4, "not valid TOML"),
     ("empty-file", "# nothing yet\n", 1, "no targets declared"),
-    ("empty-targets-table", '# the destinations\n\n[targets]\n', 3, "no targets declared"),
+    ("empty-targets-table", "# the destinations\n\n[targets]\n", 3, "no targets declared"),
     ("targets-not-a-table", 'targets = "payments"\n', 1, "no targets declared"),
-    ("unknown-section", '[targets.sms]\nlookup = "none"\n\n[target.mail]\nlookup = "none"\n', 4,
-     "unknown section 'target'"),
+    (
+        "unknown-section",
+        '[targets.sms]\nlookup = "none"\n\n[target.mail]\nlookup = "none"\n',
+        4,
+        "unknown section 'target'",
+    ),
     ("unknown-top-level-key", 'version = 2\n[targets.sms]\nlookup = "none"\n', 1, "unknown section 'version'"),
     ("unknown-setting", '[targets.sms]\nlookup = "none"\nhonors_keys = true\n', 3, "unknown setting 'honors_keys'"),
-    ("unknown-setting-inline", '[targets]\nsms = { lookup = "none" }\nmail = { lookup = "none", tries = 3 }\n', 3,
-     "unknown setting 'tries'"),
+    (
+        "unknown-setting-inline",
+        '[targets]\nsms = { lookup = "none" }\nmail = { lookup = "none", tries = 3 }\n',
+        3,
+        "unknown setting 'tries'",
+    ),
     ("unknown-setting-dotted", '[targets]\nsms.lookup = "none"\nsms.retries = 3\n', 3, "unknown setting 'retries'"),
     ("not-a-table", '[targets]\nsms = "none"\n', 2, "expected a table"),
-    ("neither-lookup-nor-reconciler", '\n[targets.sms]\nhonours_keys = true\n', 2, "exactly one of"),
-    ("both", '[targets.sms]\nreconciler = "h2targets_fixture:find_ticket"\nlookup = "none"\n', 3,
-     "exactly one of"),
+    ("neither-lookup-nor-reconciler", "\n[targets.sms]\nhonours_keys = true\n", 2, "exactly one of"),
+    ("both", '[targets.sms]\nreconciler = "h2targets_fixture:find_ticket"\nlookup = "none"\n', 3, "exactly one of"),
     ("url-without-key", '[targets.p]\nlookup = "http://gw/refunds"\n', 2, "with {key}"),
     ("url-not-http", '[targets.p]\nlookup = "ftp://gw/refunds/{key}"\n', 2, "http(s) URL"),
     ("url-unknown-placeholder", '[targets.p]\nlookup = "http://gw/{key}?tenant={tenant}"\n', 2, "{key}"),
     ("url-broken-brace", '[targets.p]\nlookup = "http://gw/{key}/{"\n', 2, "Single '{'"),
     ("lookup-empty", '[targets.p]\nlookup = ""\n', 2, "non-empty string"),
-    ("lookup-not-a-string", '[targets.p]\nlookup = 8080\n', 2, "non-empty string"),
-    ("http-setting-with-reconciler",
-     '[targets.t]\nreconciler = "h2targets_fixture:find_ticket"\ntimeout = "5s"\n', 3,
-     "'timeout' applies to an HTTP lookup, not to a reconciler"),
-    ("http-setting-with-none", '[targets.sms]\nlookup = "none"\n\nheaders = { A = "b" }\n', 4,
-     "'headers' applies to an HTTP lookup"),
+    ("lookup-not-a-string", "[targets.p]\nlookup = 8080\n", 2, "non-empty string"),
+    (
+        "http-setting-with-reconciler",
+        '[targets.t]\nreconciler = "h2targets_fixture:find_ticket"\ntimeout = "5s"\n',
+        3,
+        "'timeout' applies to an HTTP lookup, not to a reconciler",
+    ),
+    (
+        "http-setting-with-none",
+        '[targets.sms]\nlookup = "none"\n\nheaders = { A = "b" }\n',
+        4,
+        "'headers' applies to an HTTP lookup",
+    ),
     ("bad-duration", '[targets.sms]\nlookup = "none"\nkey_retention = "24 hours"\n', 3, "not a duration"),
     ("duration-not-a-string", '[targets.sms]\nlookup = "none"\nkey_retention = 86400\n', 3, "must be a duration"),
     ("lands-within-not-a-duration", '[targets.sms]\nlookup = "none"\nlands_within = 30\n', 3, "must be a duration"),
     ("lands-within-too-long", '[targets.sms]\nlookup = "none"\nlands_within = "30d"\n', 3, "at most 7 days"),
     ("duration-zero", '[targets.p]\nlookup = "http://gw/{key}"\ntimeout = "0s"\n', 3, "longer than zero"),
     ("honours-keys-not-bool", '[targets.sms]\nlookup = "none"\nhonours_keys = "yes"\n', 3, "true or false"),
-    ("definite-not-a-class", '[targets.sms]\nlookup = "none"\ndefinite_errors = ["h2targets_fixture:NOT_A_CLASS"]\n',
-     3, "is not an exception class"),
-    ("definite-not-an-exception",
-     '[targets.sms]\nlookup = "none"\ndefinite_errors = ["h2targets_fixture:NotAnError"]\n', 3,
-     "is not an exception class"),
-    ("definite-matches-timeouts", '[targets.sms]\nlookup = "none"\ndefinite_errors = ["builtins:OSError"]\n', 3,
-     "also matches TimeoutError"),
-    ("definite-not-a-list", '[targets.sms]\nlookup = "none"\ndefinite_errors = "builtins:ValueError"\n', 3,
-     "list of strings"),
-    ("definite-no-colon", '[targets.sms]\nlookup = "none"\ndefinite_errors = ["ValueError"]\n', 3,
-     '"package.module:name"'),
-    ("module-not-importable", '[targets.t]\n\nreconciler = "h2targets_no_such_module:find"\n', 3,
-     "ModuleNotFoundError: No module named 'h2targets_no_such_module' (install it, or add its folder to PYTHONPATH)"),
-    ("module-fails-at-import", '[targets.t]\nreconciler = "h2targets_broken:find"\n', 2,
-     "RuntimeError: boom at import"),
+    (
+        "definite-not-a-class",
+        '[targets.sms]\nlookup = "none"\ndefinite_errors = ["h2targets_fixture:NOT_A_CLASS"]\n',
+        3,
+        "is not an exception class",
+    ),
+    (
+        "definite-not-an-exception",
+        '[targets.sms]\nlookup = "none"\ndefinite_errors = ["h2targets_fixture:NotAnError"]\n',
+        3,
+        "is not an exception class",
+    ),
+    (
+        "definite-matches-timeouts",
+        '[targets.sms]\nlookup = "none"\ndefinite_errors = ["builtins:OSError"]\n',
+        3,
+        "also matches TimeoutError",
+    ),
+    (
+        "definite-not-a-list",
+        '[targets.sms]\nlookup = "none"\ndefinite_errors = "builtins:ValueError"\n',
+        3,
+        "list of strings",
+    ),
+    (
+        "definite-no-colon",
+        '[targets.sms]\nlookup = "none"\ndefinite_errors = ["ValueError"]\n',
+        3,
+        '"package.module:name"',
+    ),
+    (
+        "module-not-importable",
+        '[targets.t]\n\nreconciler = "h2targets_no_such_module:find"\n',
+        3,
+        "ModuleNotFoundError: No module named 'h2targets_no_such_module' (install it, or add its folder to PYTHONPATH)",
+    ),
+    (
+        "module-fails-at-import",
+        '[targets.t]\nreconciler = "h2targets_broken:find"\n',
+        2,
+        "RuntimeError: boom at import",
+    ),
     ("attribute-missing", '[targets.t]\nreconciler = "h2targets_fixture:find_tickets"\n', 2, "AttributeError"),
-    ("reconciler-not-callable", '[targets.t]\nreconciler = "h2targets_fixture:NOT_A_CLASS"\n', 2,
-     "neither a Reconciler nor a function"),
-    ("receipt-id-not-callable", '[targets.sms]\nlookup = "none"\nreceipt_id = "h2targets_fixture:NOT_A_CLASS"\n', 3,
-     "is not callable"),
-    ("env-var-not-set",
-     '[targets.p]\nlookup = "http://gw/{key}"\nheaders = { Authorization = "Bearer ${H2_UNSET_TOKEN}" }\n', 3,
-     "${H2_UNSET_TOKEN}, which is not set"),
-    ("env-var-in-sub-table",
-     '[targets.p]\nlookup = "http://gw/{key}"\n\n[targets.p.headers]\nAuthorization = "Bearer ${H2_UNSET_TOKEN}"\n',
-     4, "${H2_UNSET_TOKEN}, which is not set"),
-    ("headers-not-strings", '[targets.p]\nlookup = "http://gw/{key}"\nheaders = { Retry = 3 }\n', 3,
-     "table of strings"),
-    ("status-not-a-code", '[targets.p]\nlookup = "http://gw/{key}"\nfound_status = ["200"]\n', 3,
-     "list of HTTP status codes"),
-    ("status-both-found-and-absent", '[targets.p]\nlookup = "http://gw/{key}"\nabsent_status = [200, 404]\n', 3,
-     "both found and absent"),
+    (
+        "reconciler-not-callable",
+        '[targets.t]\nreconciler = "h2targets_fixture:NOT_A_CLASS"\n',
+        2,
+        "neither a Reconciler nor a function",
+    ),
+    (
+        "receipt-id-not-callable",
+        '[targets.sms]\nlookup = "none"\nreceipt_id = "h2targets_fixture:NOT_A_CLASS"\n',
+        3,
+        "is not callable",
+    ),
+    (
+        "env-var-not-set",
+        '[targets.p]\nlookup = "http://gw/{key}"\nheaders = { Authorization = "Bearer ${H2_UNSET_TOKEN}" }\n',
+        3,
+        "${H2_UNSET_TOKEN}, which is not set",
+    ),
+    (
+        "env-var-in-sub-table",
+        '[targets.p]\nlookup = "http://gw/{key}"\n\n[targets.p.headers]\nAuthorization = "Bearer ${H2_UNSET_TOKEN}"\n',
+        4,
+        "${H2_UNSET_TOKEN}, which is not set",
+    ),
+    (
+        "headers-not-strings",
+        '[targets.p]\nlookup = "http://gw/{key}"\nheaders = { Retry = 3 }\n',
+        3,
+        "table of strings",
+    ),
+    (
+        "status-not-a-code",
+        '[targets.p]\nlookup = "http://gw/{key}"\nfound_status = ["200"]\n',
+        3,
+        "list of HTTP status codes",
+    ),
+    (
+        "status-both-found-and-absent",
+        '[targets.p]\nlookup = "http://gw/{key}"\nabsent_status = [200, 404]\n',
+        3,
+        "both found and absent",
+    ),
     ("backoff-not-a-table", '[targets.sms]\nlookup = "none"\nbackoff = "fast"\n', 3, "backoff must be a table"),
-    ("backoff-unknown-setting", '[targets.sms]\nlookup = "none"\nbackoff = { firts = "1s" }\n', 3,
-     "unknown setting 'firts'"),
+    (
+        "backoff-unknown-setting",
+        '[targets.sms]\nlookup = "none"\nbackoff = { firts = "1s" }\n',
+        3,
+        "unknown setting 'firts'",
+    ),
     ("backoff-tries", '[targets.sms]\nlookup = "none"\nbackoff = { tries = 0 }\n', 3, "backoff.tries"),
     ("backoff-factor", '[targets.sms]\nlookup = "none"\nbackoff = { factor = true }\n', 3, "backoff.factor"),
     ("backoff-duration", '[targets.sms]\nlookup = "none"\nbackoff = { max = "soon" }\n', 3, "not a duration"),
     ("name-not-valid", '[targets."refund gateway"]\nlookup = "none"\n', 1, "invalid target 'refund gateway'"),
-    ("name-too-long", f'[targets.sms]\nlookup = "none"\n[targets.{"x" * 65}]\nlookup = "none"\n', 3,
-     "invalid target"),
+    ("name-too-long", f'[targets.sms]\nlookup = "none"\n[targets.{"x" * 65}]\nlookup = "none"\n', 3, "invalid target"),
 ]
 
 
@@ -410,9 +480,12 @@ def test_a_python_list(fixture_module: Path) -> None:
 
 
 def test_a_module_list_names_the_module_file_and_line(fixture_module: Path) -> None:
-    line = fixture_module.read_text().splitlines().index(
-        "DUPLICATES = [Target(\"payments\"), Target(\"mail\"), Target(\"payments\")]"
-    ) + 1
+    line = (
+        fixture_module.read_text()
+        .splitlines()
+        .index('DUPLICATES = [Target("payments"), Target("mail"), Target("payments")]')
+        + 1
+    )
     message = error_of(f"{FIXTURE_MODULE}:DUPLICATES")
     assert message == f"{fixture_module}:{line}: target 'payments' is declared twice"
     assert error_of("h2targets_no_such_module:TARGETS").startswith(
@@ -534,8 +607,8 @@ def test_a_timeout_is_never_a_definite_error(tmp_path: Path) -> None:
 
 
 def test_the_demo_declaration_parses(tmp_path: Path) -> None:
-    from effect_ledger.processors.demo.agent import payments_target
-    from effect_ledger.processors.demo.client import RefundRejected
+    from effect_ledger.demo.agent import payments_target
+    from effect_ledger.demo.client import RefundRejected
 
     t = payments_target("http://127.0.0.1:9", "key+lookup")
     assert t.honours_keys and t.definite_errors == (RefundRejected,) and isinstance(t.reconciler, HttpReconciler)

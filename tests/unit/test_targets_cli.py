@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams.keys import effect_key
+from effect_ledger.core.keys import effect_key
+from effect_ledger.demo.gateway import Gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = '[targets.payments]\nlookup = "none"\n'
@@ -125,7 +125,7 @@ def crash_after_the_call(workdir: Path, gateway: Gateway, declaration: Path) -> 
     env = dict(os.environ, EFFECT_LEDGER_CRASH="after_call")
     env.pop("EFFECTS_TARGETS", None)
     cmd = [
-        sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", "ledger", "--workdir", str(workdir),
+        sys.executable, "-m", "effect_ledger.demo.agent", "--mode", "ledger", "--workdir", str(workdir),
         "--gateway", gateway.url, "--kind", "lookup", "--targets", str(declaration), "--timeout", "0.5",
     ]  # fmt: skip
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
@@ -164,7 +164,7 @@ def test_a_crash_after_the_call_is_settled_through_the_declared_lookup(
     declaration.write_text(
         "[targets.payments]\n"
         + (f'lookup = "{gateway.url}/refunds/by-key/{{key}}"\n' if lookup else 'lookup = "none"\n')
-        + 'definite_errors = ["effect_ledger.processors.demo.client:RefundRejected"]\n'
+        + 'definite_errors = ["effect_ledger.demo.client:RefundRejected"]\n'
     )
     key = crash_after_the_call(tmp_path, gateway, declaration)
     db = tmp_path / "effects.db"
@@ -182,7 +182,7 @@ def test_a_crash_after_the_call_is_settled_through_the_declared_lookup(
         # The agent, restarted, gets the recorded receipt: still one refund.
         env = {k: v for k, v in os.environ.items() if k != "EFFECT_LEDGER_CRASH"}
         p = subprocess.run(
-            [sys.executable, "-m", "effect_ledger.processors.demo.agent", "--mode", "ledger", "--workdir",
+            [sys.executable, "-m", "effect_ledger.demo.agent", "--mode", "ledger", "--workdir",
              str(tmp_path), "--gateway", gateway.url, "--kind", "lookup", "--targets", str(declaration)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )  # fmt: skip

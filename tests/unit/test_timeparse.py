@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from effect_ledger.processors.cli import main
-from effect_ledger.streams.timeparse import TimeSpecError, duration_ms, time_ms
+from effect_ledger.cli.main import main
+from effect_ledger.core.timeparse import TimeSpecError, duration_ms, time_ms
 
 NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 

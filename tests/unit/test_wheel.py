@@ -40,7 +40,7 @@ from tests.packaging import (
 pytestmark = [pytest.mark.wheel, pytest.mark.timeout(900)]
 
 DBOS = "dbos==3.4.0"
-DECOY = 'raise RuntimeError("a user\'s own {name} was imported instead of effect_ledger\'s")\n'
+DECOY = "raise RuntimeError(\"a user's own {name} was imported instead of effect_ledger's\")\n"
 
 
 def _run(args: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -86,9 +86,7 @@ class Venv:
         return env
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            args, capture_output=True, text=True, timeout=timeout, cwd=self.project, env=self.env()
-        )
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=self.project, env=self.env())
 
     def pip(self, *args: str) -> subprocess.CompletedProcess[str]:
         return self.run(str(self.bin / "python"), "-m", "pip", "--disable-pip-version-check", *args, timeout=600)

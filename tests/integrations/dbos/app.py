@@ -23,7 +23,7 @@ from dbos import DBOS, SetWorkflowID
 
 from effect_ledger import EffectClosed, SyncLedger
 from effect_ledger.dbos import ESCALATION_EVENT, ledger_step, send_decision, with_decisions
-from effect_ledger.processors.demo.agent import write_declaration
+from effect_ledger.demo.agent import write_declaration
 from tests.integrations.gateway_http import post_refund
 
 

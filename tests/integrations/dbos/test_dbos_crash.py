@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from effect_ledger import State, SyncLedger, effect_key
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams import crashpoints
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.sdk import crashpoints
 from tests.integrations.gateway_http import run_child
 
 APP = "tests.integrations.dbos.app"

@@ -22,8 +22,8 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
 from effect_ledger import EffectClosed, SyncLedger
+from effect_ledger.demo.agent import write_declaration
 from effect_ledger.langgraph import ledger_effect
-from effect_ledger.processors.demo.agent import write_declaration
 from tests.integrations.gateway_http import post_refund
 
 

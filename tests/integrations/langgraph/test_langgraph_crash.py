@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from effect_ledger import State, SyncLedger, effect_key
-from effect_ledger.processors.demo.gateway import Gateway
-from effect_ledger.streams import crashpoints
-from effect_ledger.streams.effect import DECISION_GRACE_MS
-from effect_ledger.streams.model import Decision, DecisionKind
+from effect_ledger.core.effect import DECISION_GRACE_MS
+from effect_ledger.core.model import Decision, DecisionKind
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.sdk import crashpoints
 from tests.integrations.gateway_http import run_child
 from tests.services import wait_for
 

@@ -1,0 +1,482 @@
+"""``effects``: the command line. Each command resolves its options, calls the public API and
+prints: tables for people by default, ``--json`` for machines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+import click
+
+from effect_ledger._extras import require
+from effect_ledger.cli._boundary import (
+    PORT,
+    POSITIVE_SECONDS,
+    STORE_URL,
+    EffectsGroup,
+    LedgerPath,
+    Seconds,
+    broker_wait,
+    configure,
+    fail,
+)
+from effect_ledger.cli._shared import (
+    bootstrap_option,
+    kafka_config,
+    min_isr_option,
+    out,
+    print_table,
+    ready,
+    table,
+    topic_options,
+)
+from effect_ledger.streams.config import KafkaConfig
+
+console = out  # the demos print through the commands' one console
+
+
+def metrics_options(fn: Any) -> Any:
+    """``--metrics-port`` / ``--metrics-host`` / ``--metrics-token``: serve Prometheus ``/metrics``
+    (the [metrics] extra); beyond loopback only with the token."""
+    fn = click.option(
+        "--metrics-token",
+        envvar="EFFECTS_METRICS_TOKEN",
+        default=None,
+        help="scrapers must send 'Authorization: Bearer TOKEN'; needed beyond loopback [env EFFECTS_METRICS_TOKEN]",
+    )(fn)
+    fn = click.option(
+        "--metrics-host",
+        default="127.0.0.1",
+        show_default=True,
+        help="address /metrics listens on; beyond loopback it needs --metrics-token",
+    )(fn)
+    return click.option(
+        "--metrics-port", type=PORT, default=None, help="serve Prometheus /metrics on this port (needs [metrics])"
+    )(fn)
+
+
+def _metrics(port: int | None, host: str, feature: str, token: str | None) -> Any:
+    """The process's ``LedgerMetrics``, served on ``host:port``; ``None`` without a port. Checked
+    before anything else starts: a missing extra, a port in use or an address beyond loopback
+    without a token is one line and exit 1."""
+    if port is None:
+        return None
+    from effect_ledger.metrics.names import LedgerMetrics
+
+    m = LedgerMetrics(feature=feature)  # a LedgerError ends the command at the boundary
+    m.serve(port, host, token or None)
+    return m
+
+
+@click.group(cls=EffectsGroup, name="effects")
+@click.option("-v", "--verbose", is_flag=True, help="log what the services do (and an unexpected error's traceback)")
+@click.option(
+    "--broker-timeout",
+    type=POSITIVE_SECONDS,
+    envvar="EFFECTS_BROKER_TIMEOUT",
+    default=None,
+    metavar="SECONDS",
+    help="how long a command waits for a Kafka broker before it gives up [each command's own: 5-30 s]",
+)
+@click.option(
+    "--schema-registry",
+    envvar="EFFECTS_SCHEMA_REGISTRY",
+    default=None,
+    metavar="URL",
+    help="a Confluent-compatible Schema Registry: register the schemas there and frame records the registry way",
+)
+def main(verbose: bool, broker_timeout: float | None, schema_registry: str | None) -> None:
+    """effect-ledger: an event-sourced ledger of external side effects.
+
+    Every error is one line on stderr and exit status 1."""
+    configure(verbose, broker_timeout)
+    if schema_registry:  # every command's KafkaConfig.from_env reads it
+        os.environ["EFFECTS_SCHEMA_REGISTRY"] = schema_registry
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+
+
+@main.command()
+@click.option(
+    "--timeout", type=POSITIVE_SECONDS, default=2.0, show_default=True, help="the agent's call deadline, seconds"
+)
+@click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
+@bootstrap_option
+def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
+    """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
+    if kafka:
+        require("processor", "demo --kafka")  # it starts a processor: say so before anything runs
+        from effect_ledger.demo.story_kafka import run_kafka_demo
+
+        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10)))
+    from effect_ledger.demo.story import run_demo
+
+    sys.exit(run_demo(console, timeout=timeout))
+
+
+@main.group()
+def topics() -> None:
+    """Kafka topics of effect-ledger."""
+
+
+@topics.command("create")
+@topic_options
+@min_isr_option
+def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | None, min_isr: int | None) -> None:
+    """Create the topics that are missing (idempotent): effects.state compacted, the event log kept
+    for ever, min.insync.replicas on every topic. A topic that exists with other settings is not
+    "ok": each difference is one line, and the exit status is 1."""
+    from effect_ledger.streams.admin import check_topics, ensure_topics
+
+    cfg = ready(kafka_config(bootstrap, prefix, partitions, min_isr), 10)
+    created = ensure_topics(cfg, check_partitions=False)
+    drifted = False
+    for st in check_topics(cfg):
+        what = created.get(st.spec.name, "exists")
+        if st.drifts:
+            drifted = True
+            click.echo(f"{st.spec.name}\t{what}, DRIFTED: " + "; ".join(d.line() for d in st.drifts))
+        else:
+            click.echo(f"{st.spec.name}\t{what}")
+    if drifted:
+        fail("topics exist with settings effect-ledger does not expect (above; `effects topics check` lists them)")
+
+
+@topics.command("check")
+@topic_options
+@min_isr_option
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+def topics_check(
+    bootstrap: str | None, prefix: str | None, partitions: int | None, min_isr: int | None, as_json: bool
+) -> None:
+    """Compare every topic's partitions, replication, cleanup policy, retention and
+    min.insync.replicas with what effect-ledger expects. Exit 0 with a table when all is right;
+    exit 1 with one line per difference on stderr otherwise."""
+    from effect_ledger.streams.admin import CHECKED_CONFIGS, check_topics
+
+    statuses = check_topics(ready(kafka_config(bootstrap, prefix, partitions, min_isr), 10))
+    drifts = [d for st in statuses for d in st.drifts]
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "topic": st.spec.name,
+                        "exists": st.exists,
+                        "partitions": st.partitions,
+                        "replication": st.replication,
+                        "config": st.config,
+                        "expected": {
+                            "partitions": st.spec.partitions,
+                            "replication": st.spec.replication,
+                            **st.spec.config,
+                        },
+                        "drifts": [str(d) for d in st.drifts],
+                    }
+                    for st in statuses
+                ],
+                indent=2,
+            )
+        )
+    elif not drifts:
+        t = table(None, "topic", "partitions", "replication", *CHECKED_CONFIGS, "")
+        for st in statuses:
+            t.add_row(st.spec.name, str(st.partitions), str(st.replication),
+                      *(st.config.get(k, "-") for k in CHECKED_CONFIGS), "ok")  # fmt: skip
+        print_table(t)
+    for d in drifts:
+        click.echo(f"effects: {d}", err=True)
+    sys.exit(1 if drifts else 0)
+
+
+@topics.command("list")
+@topic_options
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+def topics_list(bootstrap: str | None, prefix: str | None, partitions: int | None, as_json: bool) -> None:
+    """List the cluster's topics with their partition counts."""
+    from effect_ledger.streams.admin import list_topics
+
+    found = list_topics(ready(kafka_config(bootstrap, prefix, partitions), 10))
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    t = table(None, "topic", "partitions")
+    for name, n in found.items():
+        t.add_row(name, str(n))
+    print_table(t)
+
+
+def target_options(fn: Any) -> Any:
+    # Required, but checked in _targets rather than by click: a missing declaration is then one
+    # line and exit 1, like a malformed one, instead of click's usage text and exit 2.
+    return click.option(
+        "--targets",
+        "targets_spec",
+        metavar="FILE",
+        envvar="EFFECTS_TARGETS",
+        help="the targets declaration (required): a TOML file, or package.module:NAME [env EFFECTS_TARGETS]",
+    )(fn)
+
+
+def _targets(spec: str | None) -> dict[str, Any]:
+    """The declared targets by name; a missing or malformed declaration ends the command (exit 1)
+    before anything is opened or connected."""
+    from effect_ledger.errors import TargetsError
+    from effect_ledger.targets.load import load_targets
+
+    if not spec:
+        fail(
+            "no targets declared: give --targets FILE or set EFFECTS_TARGETS (a TOML file saying how "
+            'each destination is asked; lookup = "none" where nothing can ask it)'
+        )
+    try:
+        return {t.name: t for t in load_targets(spec)}
+    except TargetsError as e:
+        fail(str(e))
+
+
+@main.command()
+@click.option("--db", required=True, type=LedgerPath(), help="the ledger file")
+@target_options
+@click.option("--interval", type=POSITIVE_SECONDS, default=0.5, show_default=True, help="seconds between ticks")
+@click.option("--once", is_flag=True, help="one tick, print what it did, exit")
+@metrics_options
+def run(
+    db: str,
+    targets_spec: str | None,
+    interval: float,
+    once: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+    metrics_token: str | None,
+) -> None:
+    """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
+    targets = list(_targets(targets_spec).values())
+    metrics = _metrics(metrics_port, metrics_host, "effects run --metrics-port", metrics_token)
+    from effect_ledger.sdk.ledger import Ledger
+    from effect_ledger.sdk.runner import Runner
+
+    async def go() -> None:
+        async with await Ledger.open(db, targets=targets) as ledger:
+            runner = Runner(ledger, interval=interval, metrics=metrics)
+            if once:
+                report = await runner.tick()
+                click.echo(json.dumps({"timed_out": report.timed_out, "reconciled": report.reconciled}))
+            else:
+                await runner.run()
+
+    try:
+        asyncio.run(go())  # a missing folder or a file that is not a ledger: one line at the boundary
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@topic_options
+@min_isr_option
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False),
+    default="./effect-ledger-data",
+    show_default=True,
+    help="where the table's RocksDB files live",
+)
+@click.option("--store", type=STORE_URL, default="rocksdb://", show_default=True, help="table store")
+@click.option(
+    "--web-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="address the lookup view listens on; beyond loopback (e.g. 0.0.0.0) it needs --web-token",
+)
+@click.option("--web-port", type=PORT, default=6066, show_default=True, help="port of the lookup view")
+@click.option(
+    "--web-token",
+    envvar="EFFECTS_WEB_TOKEN",
+    show_envvar=True,
+    default=None,
+    help="lookups must carry 'Authorization: Bearer TOKEN' (prefer the environment variable: argv is visible)",
+)
+@click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
+@click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
+@click.option("--loglevel", default="warning", show_default=True)
+@click.option(
+    "--targets",
+    "targets_spec",
+    metavar="FILE",
+    envvar="EFFECTS_TARGETS",
+    help="the targets declaration: each target's backoff spaces the checks of its uncertain effects "
+    "(without it, the default backoff for every target) [env EFFECTS_TARGETS]",
+)
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="workers to run on this machine, one process each, sharing the partitions (DATA_DIR/worker-I, "
+    "port + I); one per core, at most one per partition",
+)
+@click.option(
+    "--drain-timeout",
+    "drain_s",
+    type=Seconds(0.1, 3600),
+    default=None,
+    metavar="SECONDS",
+    help="how long a worker whose partitions are revoked, or that is told to stop, waits for Kafka to "
+    "acknowledge the batch it is writing (its next owner reads the changelog once it lets go) "
+    "[default: half the group's rebalance timeout, 30]",
+)
+@metrics_options
+def worker(
+    bootstrap: str | None,
+    prefix: str | None,
+    partitions: int | None,
+    min_isr: int | None,
+    data_dir: str,
+    store: str,
+    web_host: str,
+    web_port: int,
+    web_token: str | None,
+    advertised_url: str | None,
+    app_id: str,
+    loglevel: str,
+    targets_spec: str | None,
+    processes: int,
+    drain_s: float | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    metrics_token: str | None,
+) -> None:
+    """The ledger processor: fold effects.events into the table, publish effects.state and
+    effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
+    from pathlib import Path
+
+    from effect_ledger.processors.processor import ProcessorSettings
+    from effect_ledger.processors.worker import run_worker
+    from effect_ledger.streams.admin import ensure_topics, require_topics
+
+    targets = _targets(targets_spec) if targets_spec else {}  # a bad file: one line, before anything starts
+    cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions, min_insync_replicas=min_isr)
+    settings = ProcessorSettings(
+        kafka=cfg,
+        targets=targets,
+        app_id=app_id,
+        data_dir=Path(data_dir),
+        store=store,
+        web_host=web_host,
+        web_port=web_port,
+        web_token=web_token or None,
+        advertised_url=advertised_url,
+    )
+    if drain_s is not None:
+        settings.drain_s = drain_s
+    settings.check_web()  # before anything is contacted or started
+    if metrics_port is not None:  # likewise (and once, not by each worker of --processes)
+        from effect_ledger.metrics.http import check_exposure
+
+        check_exposure(metrics_host, metrics_token)
+    ready(cfg, 30)
+    ensure_topics(cfg)
+    # A drifted effects.state (not compacted, ...) or partition count: one line, nothing started.
+    require_topics(cfg)
+    if processes > 1:
+        from effect_ledger.processors.worker_pool import run_pool
+
+        if advertised_url:
+            fail("--advertised-url names one worker: with --processes, each worker is reached on its own port")
+        sys.exit(run_pool(settings, processes, loglevel, metrics_port, metrics_host, metrics_token))
+    metrics = _metrics(metrics_port, metrics_host, "effects worker --metrics-port", metrics_token)
+    run_worker(settings, loglevel=loglevel, metrics=metrics)
+
+
+@main.command()
+@topic_options
+@target_options
+@click.option(
+    "--group", default="effect-ledger-reconcilers", show_default=True, help="consumer group (after the prefix)"
+)
+@metrics_options
+def reconcile(
+    bootstrap: str | None,
+    prefix: str | None,
+    partitions: int | None,
+    targets_spec: str | None,
+    group: str,
+    metrics_port: int | None,
+    metrics_host: str,
+    metrics_token: str | None,
+) -> None:
+    """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
+    Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
+    targets = _targets(targets_spec)  # before anything is imported, opened or connected
+    import signal
+
+    from effect_ledger.processors.reconcile_service import ReconcileService
+
+    cfg = ready(KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions), 30)
+    metrics = _metrics(metrics_port, metrics_host, "effects reconcile --metrics-port", metrics_token)
+
+    async def go() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await ReconcileService(cfg, targets, group=group, metrics=metrics).run(stop)
+
+    asyncio.run(go())
+
+
+@main.command()
+@click.option("--db", required=True, type=LedgerPath(exists=True), help="the ledger file (outbox)")
+@topic_options
+def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
+    """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
+    from rich.progress import Progress
+
+    from effect_ledger.sdk.kafka.relay import Relay
+    from effect_ledger.sdk.store.sqlite import Store
+
+    cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
+
+    async def go() -> tuple[int, int]:
+        store = await Store.open(db)  # a file that is not a ledger is refused before a broker is asked
+        try:
+            pending = await store.outbox_depth()
+            await asyncio.to_thread(ready, cfg, 30)
+            with Progress(console=console, transient=True) as progress:
+                task = progress.add_task("relaying", total=pending)
+                relay = Relay(store, cfg)
+                sent = await relay.drain(lambda n: progress.update(task, completed=n))
+            return sent, relay.stats.dead_letters
+        finally:
+            await store.close()
+
+    sent, dead = asyncio.run(go())
+    click.echo(f"relayed {sent} events from {db} to {cfg.topics.events}")
+    if dead:
+        # Refused by Kafka for good (too large, invalid): kept in the file's dead_letters table.
+        click.echo(
+            f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on {cfg.topics.dlq})"
+        )
+
+
+def _register_ops() -> None:
+    from effect_ledger.cli.assess import assess_command
+    from effect_ledger.cli.console import console_command
+    from effect_ledger.cli.mcp import mcp_proxy
+    from effect_ledger.cli.ops import register
+    from effect_ledger.cli.retention import register as register_retention
+
+    register(main)
+    register_retention(main)
+    main.add_command(mcp_proxy)
+    main.add_command(assess_command)
+    main.add_command(console_command)
+
+
+_register_ops()
+
+if __name__ == "__main__":
+    main()

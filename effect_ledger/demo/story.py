@@ -1,0 +1,195 @@
+"""``effects demo``: the refund story, told with real processes and a real HTTP gateway.
+
+1. Without the ledger: an agent refunds 4,800, is killed (SIGKILL) right after the gateway
+   committed, restarts from its checkpoint and refunds again: two refunds.
+2. With effect-ledger: the same crash. The intent was durable before the call; at its deadline
+   the effect turns UNCERTAIN; the reconciler asks the gateway by idempotency key, finds the
+   refund and confirms it; the restarted agent gets the original receipt without calling again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from effect_ledger.core.effect import apply
+from effect_ledger.core.model import Event, Executed, Intent, Receipt, Resolution, State, Timeout
+from effect_ledger.demo.agent import write_declaration
+from effect_ledger.demo.gateway import Gateway
+from effect_ledger.sdk import crashpoints
+from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.runner import Runner
+from effect_ledger.targets.load import load_targets
+
+SETTLED = (State.CONFIRMED, State.ESCALATED, State.ABSENT, State.FAILED)
+
+
+def _agent(
+    mode: str, workdir: Path, url: str, crash: str | None, timeout: float, extra: list[str] | None = None
+) -> tuple[int, dict[str, Any]]:
+    env = dict(os.environ)
+    env.pop(crashpoints.ENV, None)
+    if crash:
+        env[crashpoints.ENV] = crash
+    cmd = [
+        sys.executable,
+        "-m",
+        "effect_ledger.demo.agent",
+        "--mode",
+        mode,
+        "--workdir",
+        str(workdir),
+        "--gateway",
+        url,
+        "--timeout",
+        str(timeout),
+        *(extra or []),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    out = proc.stdout.strip().splitlines()
+    if proc.returncode not in (0, -signal.SIGKILL) and not out:
+        raise RuntimeError(f"agent failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    return proc.returncode, (json.loads(out[-1]) if out else {})
+
+
+def _exit_text(code: int) -> str:
+    return "killed by SIGKILL" if code == -signal.SIGKILL else f"exit {code}"
+
+
+def _describe(event: Event) -> str:
+    if isinstance(event, Intent):
+        return f"intent (attempt {event.attempt}, deadline +{(event.deadline_ms - event.at_ms) / 1000:.0f} s)"
+    if isinstance(event, Executed):
+        return f"executed: {event.outcome.value}"
+    if isinstance(event, Receipt):
+        return f"receipt {event.receipt_id} from the {event.source.value.lower()}"
+    if isinstance(event, Timeout):
+        return "deadline passed without an outcome"
+    if isinstance(event, Resolution):
+        found = f" {event.receipt_id}" if event.receipt_id else ""
+        return f"{event.reconciler}: {event.verdict.value}{found}"
+    return type(event).__name__
+
+
+async def _settle(console: Console, db: Path, targets: Path, timeout_s: float) -> tuple[list[str], str]:
+    """Run the embedded runner on the agent's ledger file until the effect is settled, then show its
+    recorded history. Returns the states it went through and the key."""
+    async with await Ledger.open(str(db), targets=load_targets(targets)) as ledger:
+        runner = Runner(ledger, interval=0.1, grace_ms=200)
+        rows = await ledger.store.query("SELECT effect_id, state FROM effects")
+        key = rows[0]["effect_id"]
+        console.print(
+            f"   ledger: the effect is [yellow]{rows[0]['state']}[/]: intent durable, outcome never "
+            "recorded. The runner waits for its deadline, then asks the gateway by key."
+        )
+        end = time.monotonic() + timeout_s
+        effect = await ledger.get(key)
+        while time.monotonic() < end and effect is not None and effect.state not in SETTLED:
+            await runner.tick()
+            effect = await ledger.get(key)
+            await asyncio.sleep(0.05)
+        history = await ledger.store.events(key)
+    table = Table(title=f"effects.db: the record of effect {key[:20]}…", title_justify="left")
+    table.add_column("t", justify="right")
+    table.add_column("event")
+    table.add_column("state after")
+    states: list[str] = []
+    folded = None
+    t0 = history[0][1].at_ms if history else 0
+    for _, event, _ in history:
+        folded, _ = apply(folded, event)
+        if not states or states[-1] != folded.state.value:
+            states.append(folded.state.value)
+        table.add_row(f"+{(event.at_ms - t0) / 1000:.1f} s", _describe(event), folded.state.value)
+    console.print(table)
+    return states, key
+
+
+def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
+    console = console or Console(highlight=False)
+    started = time.monotonic()
+    console.rule("[bold]effect-ledger demo: a refund, a crash, a restart")
+    console.print(
+        "An agent refunds order 123 (4,800 CNY) at a payment gateway. Its process is killed "
+        "with SIGKILL right after the gateway committed the refund, before anything was recorded.\n"
+    )
+    with tempfile.TemporaryDirectory(prefix="effect-ledger-demo-") as tmp, Gateway("key+lookup") as gw:
+        console.print(f"Gateway on {gw.url}: honours Idempotency-Key, answers GET /refunds/by-key/{{key}}.\n")
+
+        console.print("[bold]1. Without the ledger[/] (checkpoint after the call, a fresh key per attempt)")
+        naive = Path(tmp, "naive")
+        naive.mkdir()
+        code, _ = _agent("naive", naive, gw.url, crashpoints.AFTER_CALL, timeout)
+        console.print(f"   agent: refund sent ... {_exit_text(code)} at [bold]after_call[/]")
+        code, out = _agent("naive", naive, gw.url, None, timeout)
+        console.print(
+            f"   agent restarted: its checkpoint says the step never finished, so it refunds "
+            f"again ({out.get('receipt_id')})"
+        )
+        naive_refunds = gw.refunds()
+        console.print(
+            f"   gateway: [red bold]{len(naive_refunds)} refunds[/] of 4,800 for order 123: "
+            f"{', '.join(r.id for r in naive_refunds)}\n"
+        )
+
+        gw.state.reset()
+        console.print("[bold]2. With effect-ledger[/] (same crash)")
+        led = Path(tmp, "ledger")
+        led.mkdir()
+        # One declaration of the gateway, read by the agent and by the runner alike.
+        targets = write_declaration(Path(tmp, "targets.toml"), gw.url, "key+lookup")
+        declared = ["--targets", str(targets)]
+        code, _ = _agent("ledger", led, gw.url, crashpoints.AFTER_CALL, timeout, declared)
+        console.print(
+            f"   agent: intent written to effects.db, refund sent with its key ... "
+            f"{_exit_text(code)} at [bold]after_call[/]"
+        )
+        states, key = asyncio.run(_settle(console, led / "effects.db", targets, timeout + 20))
+        code, out = _agent("ledger", led, gw.url, None, timeout, declared)
+        called = "called the gateway again" if out.get("called") else "did not call the gateway"
+        console.print(
+            f"   agent restarted: the ledger returns receipt [bold]{out.get('receipt_id')}[/] "
+            f"({out.get('source', '').lower()}); it {called}"
+        )
+        ledger_refunds = gw.refunds()
+        console.print(
+            f"   gateway: [green bold]{len(ledger_refunds)} refund[/]: {', '.join(r.id for r in ledger_refunds)}\n"
+        )
+
+        table = Table(title="What the gateway paid for one logical refund")
+        table.add_column("run")
+        table.add_column("refunds at the gateway", justify="right")
+        table.add_column("paid", justify="right")
+        table.add_column("effect states")
+        table.add_row("naive retry", str(len(naive_refunds)), f"{sum(r.amount for r in naive_refunds):,}", "-")
+        table.add_row(
+            "effect-ledger", str(len(ledger_refunds)), f"{sum(r.amount for r in ledger_refunds):,}", " -> ".join(states)
+        )
+        console.print(table)
+        ok = (
+            len(naive_refunds) == 2
+            and len(ledger_refunds) == 1
+            and out.get("result") == "confirmed"
+            and not out.get("called")
+            and states[-1] == State.CONFIRMED.value
+        )
+        elapsed = time.monotonic() - started
+        if ok:
+            console.print(f"[green]One refund, recorded, reconciled, returned on restart.[/] ({elapsed:.1f} s)")
+            return 0
+        console.print(
+            f"[red]The demo did not go as told[/]: naive={len(naive_refunds)}, "
+            f"ledger={len(ledger_refunds)}, agent={out}, states={states}"
+        )
+        return 1

@@ -1,0 +1,2 @@
+"""Integrations with workflow engines (LangGraph, DBOS) over one shared wrapper. Each module imports
+its engine, an extra (``[langgraph]`` / ``[dbos]``). May import ``sdk``, ``core``; no other app."""

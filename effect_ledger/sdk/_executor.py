@@ -1,0 +1,426 @@
+"""Carrying out the per-call plan (``effect_ledger.core.plan``): the durable writes, the ask, the
+call.
+
+``Executor.execute`` gathers what is known about a key (the file; in Kafka mode with a lookup, the
+processor's events too; the claim's owner and whether it lives), asks ``plan`` what to do, and does
+it. An attempt, in the order of its durable writes:
+
+1. the intent, claiming the key in the same statement (``Store.append`` with ``ClaimOp.TAKE``);
+2. Kafka mode with ``sync``: the broker's acknowledgement of the intent, else FAILED, no call;
+3. the claim's confirmation across hosts (``_confirm_claim``; nothing to wait for today);
+4. the call, under the deadline recorded in the intent;
+5. its outcome and the receipt it returned, in one write that releases the claim.
+
+Any write may find that someone else wrote the effect since it was loaded (``VersionConflict``):
+the executor then loads again and plans again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+from effect_ledger.core import bodies
+from effect_ledger.core.effect import Effect, attempt_deadline_ms, expire
+from effect_ledger.core.limits import bounded_text
+from effect_ledger.core.model import (
+    INEXACT_PREFIX,
+    OPEN_STATES,
+    Event,
+    Executed,
+    Intent,
+    Outcome,
+    Receipt,
+    ReceiptSource,
+    Resolution,
+    State,
+)
+from effect_ledger.core.plan import (
+    CONFLICT_RETRIES,
+    AskFirst,
+    CallSpec,
+    Execute,
+    Known,
+    Plan,
+    Refuse,
+    ReturnReceipt,
+    after_answer,
+    plan,
+)
+from effect_ledger.core.reconcile import (
+    Answer,
+    Target,
+    answered_too_early,
+    ask,
+    judge,
+    target_for,
+    target_name,
+    view,
+)
+from effect_ledger.errors import (
+    EffectInProgress,
+    EffectRetired,
+    EffectUncertain,
+    LedgerClosed,
+    LedgerUnavailable,
+    ReceiptNotRecordable,
+    StorageError,
+    UnknownTarget,
+)
+from effect_ledger.sdk import crashpoints
+from effect_ledger.sdk._workers import LocalWorker, owner_alive
+from effect_ledger.sdk.erasure import Keyring
+from effect_ledger.sdk.kafka import claims
+from effect_ledger.sdk.kafka.remote import merge_remote, remote_events
+from effect_ledger.sdk.receipts import Confirmation, confirmation_of, new_event_id, receipt_of
+from effect_ledger.sdk.store import retire as retire_store
+from effect_ledger.sdk.store.sqlite import ClaimOp, Loaded, Store, VersionConflict
+
+if TYPE_CHECKING:
+    from effect_ledger.sdk.kafka.lookup import ProcessorLookup
+    from effect_ledger.sdk.kafka.relay import Relay
+
+Call = Callable[[str], Any]
+
+
+class Executor:
+    """Carries out plans for one ledger: it owns the writes of an execution and of a reconciler's
+    answer. ``targets`` is the ledger's own mapping (registering a target shows here too);
+    ``sync_timeout`` is None unless intents wait for the broker (Kafka mode with ``sync``)."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Callable[[], int],
+        targets: MutableMapping[str, Target],
+        *,
+        relay: Relay | None = None,
+        lookup: ProcessorLookup | None = None,
+        sync_timeout: float | None = None,
+        keyring: Keyring | None = None,
+    ) -> None:
+        self.store = store
+        self.keyring = keyring  # opens sealed request bodies for reconcilers (None: nothing sealed)
+        self.clock = clock
+        self.targets = targets
+        self.relay = relay
+        self.lookup = lookup
+        self.sync_timeout = sync_timeout
+        # Who this ledger object is to claims, and the keys it is executing: another ledger of this
+        # process treats its claims as live only while it is open and has the key in flight.
+        self.local = LocalWorker()
+        # Claims confirmed across hosts before a call (effect_ledger/sdk/kafka/claims.py): agents on several hosts
+        # may race for a key only in Kafka mode, and only a processor's lookup can arbitrate; the
+        # verdict is asked for once the broker has acknowledged the intent (``sync``).
+        self.confirm_claims = relay is not None and lookup is not None and sync_timeout is not None
+
+    @property
+    def worker(self) -> str:
+        return self.local.identity
+
+    def target(self, name: str) -> Target:
+        """The declared target ``name``; ``UnknownTarget`` if it was not declared."""
+        t = self.targets.get(name)
+        if t is None:
+            declared = ", ".join(sorted(self.targets)) or "none"
+            raise UnknownTarget(
+                f"target {name!r} is not declared (declared: {declared}); declare how to ask it in the "
+                "targets file (Ledger.open(..., targets=...) or EFFECTS_TARGETS)"
+            )
+        return t
+
+    # -- what is known -----------------------------------------------------------------------
+
+    async def load(self, key: str, *, remote: bool = False) -> Loaded:
+        """What is known about the key: the file; with a lookup, the processor's events merged in
+        when the file knows nothing, knows it only as open, or ``remote`` asks for it."""
+        loaded = await self.store.load(key)
+        if self.lookup is not None and (remote or loaded.effect is None or loaded.effect.state in OPEN_STATES):
+            loaded = await merge_remote(self.store, self.lookup, key, loaded, self.clock)
+        return loaded
+
+    def known(self, key: str, loaded: Loaded) -> Known:
+        """The plan's input: ``loaded``, the time, this worker, and whether the claim's owner lives."""
+        owner = loaded.claim.owner
+        alive = owner_alive(owner, key) if owner is not None and owner != self.worker else None
+        return Known(loaded.effect, owner, loaded.claim.until_ms, self.clock(), self.worker, alive, self.confirm_claims)
+
+    # -- execute -----------------------------------------------------------------------------
+
+    async def execute(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
+        """Plan and carry out one ``execute`` of a checked call (see the module docstring)."""
+        if key in self.local.in_flight:
+            raise EffectInProgress(key, "another task of this worker is executing it")
+        self.local.in_flight.add(key)
+        try:
+            if self.lookup is None:
+                # The common case is a key nobody has used: plan on "nothing known" and claim it with
+                # the intent straight away (the write's version check fails if the key exists),
+                # which saves a read.
+                try:
+                    return await self._attempt(key, None, spec, call, Execute(1, None, self.confirm_claims))
+                except VersionConflict:
+                    pass  # it exists: look at what is known and decide
+            for _ in range(CONFLICT_RETRIES):
+                try:
+                    return await self._execute_once(key, spec, call)
+                except VersionConflict:
+                    continue
+            raise EffectInProgress(key, "the effect kept changing under this worker; try again")
+        finally:
+            self.local.in_flight.discard(key)
+
+    async def _execute_once(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
+        loaded = await self.load(key)
+        effect = loaded.effect
+        if effect is None:
+            await self.refuse_retired(key)
+        step = plan(self.known(key, loaded), spec)
+        if isinstance(step, AskFirst):
+            effect, step = await self._ask_first(step, spec, call)
+        return await self._carry_out(key, step, effect, spec, call)
+
+    async def _carry_out(self, key: str, step: Plan, before: Effect | None, spec: CallSpec, call: Call) -> Confirmation:
+        if isinstance(step, ReturnReceipt):
+            return confirmation_of(step.effect, called=False)
+        if isinstance(step, Refuse):
+            raise step.error
+        if isinstance(step, Execute):
+            return await self._attempt(key, before, spec, call, step)
+        raise AssertionError(f"a plan asked again: {step!r}")  # after_answer never returns AskFirst
+
+    async def _ask_first(self, asked: AskFirst, spec: CallSpec, call: Call) -> tuple[Effect, Plan]:
+        """Ask the destination about the open earlier attempt (its worker is gone), record the
+        answer, and plan again on it."""
+        effect = asked.effect
+        due = expire(effect, self.clock())
+        if due:  # record what is already true, so the answer below reports UNCERTAIN, not PENDING
+            effect = await self.record(effect, list(due))
+        target = self.target(spec.target)
+        answer, name = await self.ask(effect, target, call, spec.timeout)
+        effect, resolution = await self.record_answer(effect, target, answer, name)
+        # Asking again can change an unknown answer once the old call has stopped (its deadline),
+        # and an "absent" given too early once the call can no longer land.
+        deadline = attempt_deadline_ms(effect, effect.attempt) or 0
+        until = target.may_still_land_until_ms(deadline) if answered_too_early(resolution) else deadline
+        return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
+
+    async def refuse_retired(self, key: str) -> None:
+        """``EffectRetired`` for a retired key: only such a key has no events yet cannot be
+        created (retire_store's trigger ignores the insert, which reads as a version conflict)."""
+        marker = await retire_store.retired(self.store, key)
+        if marker is not None:
+            raise EffectRetired(key, marker.state, marker.retired_ms)
+
+    async def ask(
+        self, effect: Effect, target: Target, call: Call | None, call_timeout: float, *, declared: bool = True
+    ) -> tuple[Answer | None, str]:
+        """``reconcile.ask`` with this ledger's call: a target that honours keys and has no
+        reconciler is asked by replaying the call with the same key, under the call's timeout."""
+        replay = None
+        if call is not None:
+
+            async def replay() -> Any:
+                async with asyncio.timeout(call_timeout):
+                    return await maybe_await(call(effect.effect_id))
+
+        shown = view(effect)
+        if effect.intent is not None and self.keyring is not None:  # a sealed body is opened, if it can be
+            req = await bodies.readable_request(
+                self.keyring, effect.effect_id, effect.intent.request, effect.intent.request_digest
+            )
+            shown = dataclasses.replace(shown, request=req)
+        return await ask(
+            shown, target, self.clock(), declared=declared, replay=replay,
+            receipt_of=lambda value: receipt_of(target, value)[0],
+        )  # fmt: skip
+
+    async def reconcile(self, key: str, call: Call | None, call_timeout: float) -> Effect | None:
+        """Ask once about an open effect (the runner's step); records and returns the outcome."""
+        effect = (await self.store.load(key)).effect
+        if effect is None or effect.state not in OPEN_STATES:
+            return effect
+        target, declared = target_for(self.targets, target_name(effect))
+        answer, asked = await self.ask(effect, target, call, call_timeout, declared=declared)
+        return (await self.record_answer(effect, target, answer, asked))[0]
+
+    async def _attempt(
+        self, key: str, before: Effect | None, spec: CallSpec, call: Call, step: Execute
+    ) -> Confirmation:
+        crashpoints.reached(crashpoints.BEFORE_INTENT)
+        now = self.clock()
+        attempt = step.attempt
+        deadline = now + int(spec.timeout * 1000)
+        intent = Intent(
+            event_id=new_event_id(),
+            effect_id=key,
+            at_ms=now,
+            attempt=attempt,
+            target=spec.target,
+            operation=spec.operation,
+            namespace=spec.namespace,
+            run_id=spec.run_id,
+            step=spec.step,
+            request=spec.recorded,
+            request_digest=spec.digest,
+            deadline_ms=deadline,
+            worker=self.worker,
+        )
+        # The claim lives until the deadline: past it, the call cannot still be running here.
+        effect, intent_seq = await self.store.append(
+            before,
+            [intent],
+            now_ms=now,
+            claim_op=ClaimOp.TAKE,
+            owner=self.worker,
+            claim_until_ms=deadline,
+            observed_owner=step.take_over_from,
+        )
+        await self._wait_acked(effect, attempt, intent_seq)
+        if step.confirm_claim:
+            effect = await self._confirm_claim(intent, effect, intent_seq)
+            if effect.state is State.CONFIRMED:  # another host's attempt won, and has its receipt
+                return confirmation_of(effect, called=False)
+        crashpoints.reached(crashpoints.AFTER_INTENT)
+        return await self._call(key, effect, attempt, spec, call)
+
+    async def _wait_acked(self, effect: Effect, attempt: int, intent_seq: int | None) -> None:
+        """Kafka mode with ``sync``: the destination is called only once the broker holds the intent;
+        otherwise the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised."""
+        if self.sync_timeout is None or self.relay is None or not intent_seq:
+            return
+        acked = await self.relay.wait_acked(intent_seq, self.sync_timeout)
+        refused = self.relay.refusal(intent_seq)
+        if refused is None and acked:
+            return
+        reason = (
+            f"intent refused by Kafka and dead-lettered ({refused}); destination not called"
+            if refused is not None
+            else f"intent not acknowledged by Kafka within {self.sync_timeout:g} s; destination not called"
+        )
+        await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
+        raise LedgerUnavailable(reason)
+
+    async def _confirm_claim(self, intent: Intent, effect: Effect, intent_seq: int | None) -> Effect:
+        """Kafka mode with ``sync`` and a lookup, where agents on several hosts may race for a key:
+        wait for the processor's verdict on this intent (``claims.settle``: it has folded the key's
+        partition through the intent's offset and says which intent owns the attempt), before the
+        destination is called. Returns the effect when the claim is this intent's, or CONFIRMED
+        with the winner's receipt; raises ``EffectInProgress`` for a lost claim (released, no call)
+        and ``LedgerUnavailable`` when nobody answered (no call; the attempt is left to its deadline)."""
+        if self.lookup is None or self.relay is None or not intent_seq:
+            return effect
+        return await claims.settle(
+            self.store, self.lookup, self.relay.offset_of(intent_seq), intent, effect,
+            lambda key, answer: remote_events(self.store, key, answer), self.clock,
+        )  # fmt: skip
+
+    async def _call(self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call) -> Confirmation:
+        target = self.target(spec.target)
+        started = self.clock()
+        try:
+            async with asyncio.timeout(spec.timeout):
+                value = await maybe_await(call(key))
+        except BaseException as e:
+            if target.rejects(e):
+                await self._after_call(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
+                raise
+            # A timeout, a transport error, an unexpected exception, a cancelled task: the request
+            # may or may not have reached the destination.
+            what = "timed out" if isinstance(e, TimeoutError) else f"{type(e).__name__}: {e}"
+            try:
+                await asyncio.shield(self._after_call(effect, attempt, Outcome.UNKNOWN, what, started))
+                state = State.UNCERTAIN.value
+            except EffectUncertain as unrecorded:  # the store failed too: the intent stays PENDING
+                if not isinstance(e, Exception):
+                    raise e from unrecorded  # a cancellation stays a cancellation
+                raise unrecorded  # its cause is the storage error; its context, the call's
+            if isinstance(e, Exception):
+                raise EffectUncertain(key, f"call outcome unknown ({bounded_text(what, 512)})", state) from e
+            raise
+        crashpoints.reached(crashpoints.AFTER_CALL)
+        # The outcome and the receipt the call returned are one write: there is no moment at which
+        # the ledger knows the call succeeded but has lost what it returned. Whatever the value, the
+        # fact that the call returned is recorded (``receipt_of`` never raises).
+        receipt_id, text, problem = receipt_of(target, value)
+        receipt = Receipt(new_event_id(), key, self.clock(), attempt, receipt_id, ReceiptSource.CALL, text)
+        await self._after_call(effect, attempt, Outcome.OK, None, started, receipt)
+        crashpoints.reached(crashpoints.AFTER_EXECUTED)
+        # What the destination returned, as it returned it (a replay later gives the recorded JSON).
+        exact = not text.startswith(INEXACT_PREFIX)
+        confirmation = Confirmation(key, receipt_id, value, ReceiptSource.CALL, attempt, True, exact)
+        if problem is not None:
+            raise ReceiptNotRecordable(confirmation, problem)
+        return confirmation
+
+    async def _after_call(
+        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
+        receipt: Receipt | None = None,
+    ) -> Effect:  # fmt: skip
+        """Record a call's outcome. The call has happened (or may have): when the ledger cannot
+        record it (a full disk, a closed ledger), the caller gets ``EffectUncertain`` with the cause,
+        never the bare storage error; the intent stays, for the runner to reconcile."""
+        try:
+            return await self._outcome(effect, attempt, outcome, error, started, receipt)
+        except (StorageError, LedgerClosed) as e:
+            raise EffectUncertain(
+                effect.effect_id,
+                f"the call ended ({outcome.value}) but its outcome could not be recorded: {e}; "
+                "the intent stays open for reconciliation",
+                State.PENDING.value,
+            ) from e
+
+    async def _outcome(
+        self, effect: Effect, attempt: int, outcome: Outcome, error: str | None, started: int,
+        receipt: Receipt | None = None,
+    ) -> Effect:  # fmt: skip
+        now = self.clock()
+        if error is not None:
+            error = bounded_text(error)  # an exception's message can be any size, and any string
+        ev = Executed(new_event_id(), effect.effect_id, now, attempt, outcome, error, started, now, None, self.worker)
+        events: list[Event] = [ev] if receipt is None else [ev, receipt]
+        return await self.record(effect, events, claim_op=ClaimOp.RELEASE)
+
+    # -- writes that must land ---------------------------------------------------------------
+
+    async def record(self, before: Effect | None, events: list[Event], claim_op: ClaimOp = ClaimOp.KEEP) -> Effect:
+        """Write events that must land whatever else happened to the effect meanwhile (a runner's
+        timeout, a webhook's receipt): on a version conflict, reload and fold again."""
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                return (await self.store.append(before, events, now_ms=self.clock(), claim_op=claim_op)).effect
+            except VersionConflict:
+                before = (await self.store.load(events[0].effect_id)).effect
+        raise EffectInProgress(events[0].effect_id, "could not record: the effect kept changing")
+
+    async def record_answer(
+        self, effect: Effect, target: Target, answer: Answer | None, name: str
+    ) -> tuple[Effect, Resolution]:
+        """Judge and record a reconciler's answer. When someone else recorded an answer meanwhile,
+        judge again on what they wrote: resolution ids count tries, so re-applying the same event
+        would be dropped as known, and a Found must never be lost to a concurrent Unknown."""
+        for _ in range(CONFLICT_RETRIES):
+            resolution = judge(effect, target, answer, name, self.clock())
+            try:
+                after = await self.store.append(effect, [resolution], now_ms=self.clock())
+                return after.effect, resolution
+            except VersionConflict:
+                reloaded = (await self.store.load(effect.effect_id)).effect
+                assert reloaded is not None
+                effect = reloaded
+                if effect.state not in OPEN_STATES:
+                    return effect, resolution  # settled meanwhile (by the other answer or a person)
+        raise EffectInProgress(effect.effect_id, "could not record the reconciler's answer: the effect kept changing")
+
+
+async def maybe_await(value: Any | Awaitable[Any]) -> Any:
+    """``value``, awaited when it is awaitable (a call may be sync or async)."""
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+__all__ = ["Call", "Executor", "maybe_await"]

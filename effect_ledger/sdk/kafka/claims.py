@@ -1,0 +1,171 @@
+"""Claims across hosts (Kafka mode): call the destination only once the processor says the attempt
+is this agent's.
+
+Two agents on different hosts can write an intent of the same attempt at the same moment: each
+claim is a conditional write in its own SQLite file, so neither sees the other. The key's partition
+of ``effects.events`` puts both intents in one total order, and the processor, folding it, records
+a ``Claimed`` verdict for the first (``effect.claim_verdict``). An agent that may race (``lookup``
+configured, ``sync=True``) therefore asks, after Kafka acknowledged its intent, for the key as the
+processor holds it once folded through that intent's offset (``FoldedThrough``), copies the answer
+into its file, and calls only when the verdict names its own intent. Otherwise the attempt belongs
+to another worker: its own claim is released, and the caller gets the winner's receipt if there is
+one already, else ``EffectInProgress`` until the winner's deadline. Without an answer it does not
+call either (``LedgerUnavailable``); its intent stays open, for the deadline and the reconcilers.
+
+``settle`` is the only entry point; ``Ledger._run_attempt`` calls it right after the sync wait.
+
+Lookups name what they wait for the same way: ``Watermarks`` asks the broker for the key's
+partition's high watermarks (one ListOffsets round trip on a client of its own, a few ms), and the
+processor answers once it has folded through them, without a broker query of its own (which queues
+behind its consumer's fetch long-poll: about a second).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from effect_ledger.core.effect import Effect, claim_of, fold
+from effect_ledger.core.model import Event, Intent, State
+from effect_ledger.errors import EffectInProgress, LedgerUnavailable
+from effect_ledger.sdk.kafka.lookup import FoldedThrough, ProcessorLookup
+from effect_ledger.sdk.store.sqlite import ClaimOp, Store, VersionConflict
+from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.partition import partition_for
+
+_CONFLICT_RETRIES = 16
+_WATERMARK_TIMEOUT_S = 5.0
+
+
+class Watermarks:
+    """The high watermarks of a key's partition of effects.events and effects.decisions, asked of the
+    broker by a consumer of its own (created on first use; never subscribed, so never long-polling).
+    The agent asks by key (``of``); the processor's lookups by partition (``highs``)."""
+
+    def __init__(self, cfg: KafkaConfig, timeout_s: float = _WATERMARK_TIMEOUT_S) -> None:
+        self.cfg = cfg
+        self.timeout_s = timeout_s
+        self._consumer: Any = None
+        self._partitions: int | None = None  # of effects.events, as the broker says (not the config)
+        self._lock = threading.Lock()
+
+    def _client(self) -> Any:
+        """The consumer (made on first call). Call with ``_lock`` held."""
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer(
+                self.cfg.confluent(**{"group.id": "effect-ledger-watermarks", "enable.auto.commit": False})
+            )
+        return self._consumer
+
+    def _highs(self, c: Any, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
+
+        topics = self.cfg.topics
+        events, decisions = (
+            int(c.get_watermark_offsets(TopicPartition(topic, partition), self.timeout_s, False)[1])
+            for topic in (topics.events, topics.decisions)
+        )
+        return events, decisions
+
+    def _ask(self, key: str) -> FoldedThrough:
+        topics = self.cfg.topics
+        with self._lock:
+            c = self._client()
+            if self._partitions is None:
+                # The relay's producer partitions by the topic's real partition count: so must this.
+                meta = c.list_topics(topics.events, timeout=self.timeout_s).topics.get(topics.events)
+                if meta is None or meta.error is not None or not meta.partitions:
+                    raise RuntimeError(f"topic {topics.events} is unknown to the broker")
+                self._partitions = len(meta.partitions)
+            partition = partition_for(key.encode(), self._partitions)
+        events, decisions = self._highs(c, partition)
+        return FoldedThrough(partition, events - 1, decisions - 1)
+
+    async def of(self, key: str) -> FoldedThrough:
+        """What Kafka holds of ``key``'s partition now (the offsets of the newest records); raises
+        ``LedgerUnavailable`` when the broker does not answer."""
+        try:
+            return await asyncio.to_thread(self._ask, key)
+        except Exception as e:  # a KafkaException: the broker is away, or the topic unknown
+            raise LedgerUnavailable(f"cannot read the high watermarks of {key}'s partition: {e}") from e
+
+    async def highs(self, partition: int) -> tuple[int, int]:
+        """The high watermarks (next offsets) of ``partition`` of effects.events and effects.decisions;
+        the client's ``KafkaException`` when the broker does not answer within ``timeout_s``."""
+
+        def ask() -> tuple[int, int]:
+            with self._lock:
+                c = self._client()
+            return self._highs(c, partition)
+
+        return await asyncio.to_thread(ask)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+
+
+def owns(effect: Effect, intent: Intent) -> bool | None:
+    """Whether ``intent`` owns its attempt per the recorded verdict (None: no verdict known)."""
+    verdict = claim_of(effect, intent.attempt)
+    return None if verdict is None else verdict.intent_id == intent.event_id
+
+
+async def settle(
+    store: Store,
+    lookup: ProcessorLookup,
+    offset: tuple[int, int] | None,
+    intent: Intent,
+    effect: Effect,
+    decode: Callable[[str, list[bytes]], list[Event]],
+    clock: Callable[[], int],
+) -> Effect:
+    """Wait for the processor's verdict on ``intent`` (on Kafka at ``offset``: (partition, offset),
+    None when unknown: then the processor waits for the high watermark, which covers it), copy what
+    it knows into the file and return the effect. Returns when the intent owns its attempt, or when
+    the effect is CONFIRMED (a receipt: the caller returns it, and must not call); raises
+    ``EffectInProgress`` when another intent owns it, ``LedgerUnavailable`` when nobody answered.
+    ``decode`` turns the answer into events of the key (``Ledger._remote_events``)."""
+    key = intent.effect_id
+    after = FoldedThrough(offset[0], offset[1]) if offset is not None else None
+    try:
+        remote = decode(key, await lookup.events(key, after))
+    except LedgerUnavailable as e:
+        raise LedgerUnavailable(
+            f"no claim verdict for {key} attempt {intent.attempt} ({e}); destination not called, the "
+            "attempt is left to its deadline"
+        ) from e
+    mine = owns(fold(remote, effect) or effect, intent)
+    if mine is None:
+        raise LedgerUnavailable(
+            f"the ledger processor gave no claim verdict for {key} attempt {intent.attempt} (an older "
+            "processor?); destination not called, the attempt is left to its deadline"
+        )
+    before: Effect | None = effect
+    for _ in range(_CONFLICT_RETRIES):
+        try:
+            # A lost claim drops this worker's claim on the key: the owner's intent now holds it.
+            op = ClaimOp.KEEP if mine else ClaimOp.RELEASE
+            after_write = await store.append(before, remote, now_ms=clock(), claim_op=op, sent=True)
+            effect = after_write.effect
+            break
+        except VersionConflict:
+            before = (await store.load(key)).effect
+    else:
+        raise EffectInProgress(key, "could not record the claim verdict: the effect kept changing")
+    if mine or effect.state is State.CONFIRMED:
+        return effect
+    verdict = claim_of(effect, intent.attempt)
+    assert verdict is not None
+    now = clock()
+    owner = effect.intent if effect.intent is not None and effect.intent.event_id == verdict.intent_id else None
+    retry = max(0, owner.deadline_ms - now) if owner is not None else None
+    raise EffectInProgress(
+        key, f"worker {verdict.worker} claimed attempt {intent.attempt} first (this intent lost the claim)", retry
+    )

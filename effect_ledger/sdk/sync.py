@@ -1,0 +1,329 @@
+"""``SyncLedger``: the SDK for synchronous callers (a LangGraph node, a Celery task, a script).
+
+    ledger = SyncLedger.open("effects.db", targets="targets.toml")
+    receipt = ledger.execute(
+        target="payments", operation="refund.create", run_id=run_id, step="refund-order-123",
+        request={"order": "123", "amount": 4800},
+        call=lambda key: gateway.refund("123", 4800, idempotency_key=key),
+        timeout=10.0,
+    )
+
+It is the async ``Ledger`` running on an event loop of its own, in a background thread that lives
+as long as the ledger: the per-call decision, the records and the errors are exactly those of
+``Ledger`` (the SDK contract suite runs against both). Opened once, it serves every call of the
+process from any thread; the Kafka relay keeps running between calls.
+
+Where the call runs: in a thread of its own, started per call, with the caller's context variables,
+so the ledger's deadline can fire while the call blocks. A call that outlives ``timeout`` cannot be
+stopped (Python threads cannot be killed): the ledger records its outcome as unknown at the
+deadline and raises ``EffectUncertain`` to the caller, and whatever the call does or returns
+afterwards is not recorded; a reconciler then asks the destination, by key, whether it happened.
+The call's thread is a daemon thread, so a call that never returns does not keep the process alive.
+``call`` is a plain function (an async one is refused: use ``Ledger``); if it returns an awaitable,
+that is run to completion on a fresh event loop in the call's thread.
+
+Interrupted (Ctrl-C while a call blocks): the caller gets its ``KeyboardInterrupt`` at once; the
+ledger records the call's outcome as unknown. ``close()`` (and the end of a ``with`` block) refuses
+new calls and lets calls in flight in other threads end first, each by its deadline at the latest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, TypeVar
+
+from effect_ledger.core.effect import Effect
+from effect_ledger.core.model import DecisionKind, ReceiptSource
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectUncertain, InvalidEffect, LedgerClosed
+from effect_ledger.sdk.ledger import Confirmation, Ledger, bind_request
+from effect_ledger.sdk.store.sqlite import Store
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SyncLedger:
+    """The ``Ledger`` for synchronous code. Thread-safe; close it (or use ``with``) so the relay can
+    send what is left."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, thread: threading.Thread, ledger: Ledger) -> None:
+        self._loop = loop
+        self._thread = thread
+        self._ledger = ledger
+        self._closed = False
+        self._busy = 0  # operations handed to the loop and not finished there
+        self._idle = threading.Condition()
+
+    @classmethod
+    def open(cls, path: str, **kwargs: Any) -> SyncLedger:
+        """Open (or create) the ledger file; the arguments are ``Ledger.open``'s."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name=f"effect-ledger:{path}", daemon=True)
+        thread.start()
+        try:
+            ledger = asyncio.run_coroutine_threadsafe(Ledger.open(path, **kwargs), loop).result()
+        except BaseException:
+            _stop(loop, thread)
+            raise
+        return cls(loop, thread, ledger)
+
+    def __enter__(self) -> SyncLedger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self, relay_timeout: float = 10.0) -> None:
+        """Refuse new calls, let those in flight in other threads end (each ends by its deadline at
+        the latest, recorded as usual), then close the ledger (see ``Ledger.close``) and stop its
+        thread. Closing twice is harmless."""
+        self._not_on_the_loop()
+        with self._idle:
+            if self._closed:
+                return
+            self._closed = True
+            # Stopping the loop under an operation would leave its caller waiting forever.
+            self._idle.wait_for(lambda: self._busy == 0)
+        try:
+            asyncio.run_coroutine_threadsafe(self._ledger.close(relay_timeout), self._loop).result()
+        finally:
+            _stop(self._loop, self._thread)
+
+    def _not_on_the_loop(self) -> None:
+        if threading.current_thread() is self._thread:
+            raise InvalidEffect(
+                "SyncLedger called from its own event loop (from a reconciler?), where it would wait on "
+                "itself: use the async Ledger there (SyncLedger.ledger)"
+            )
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one ``Ledger`` operation on the loop and wait for it in the calling thread."""
+        try:
+            self._not_on_the_loop()
+            with self._idle:
+                if self._closed:
+                    raise LedgerClosed(f"ledger {self._ledger.store.path} is closed")
+                self._busy += 1
+        except BaseException:
+            coro.close()
+            raise
+        done: Future[T] = Future()
+
+        def start() -> None:
+            task = self._loop.create_task(coro)
+            task.add_done_callback(functools.partial(self._finished, done))
+            # The caller gave up waiting (Ctrl-C): cancel the operation on the loop, where Ledger
+            # records an interrupted call's outcome as unknown before the task ends.
+            done.add_done_callback(lambda f: f.cancelled() and self._loop.call_soon_threadsafe(task.cancel))
+
+        self._loop.call_soon_threadsafe(start)
+        try:
+            return done.result()
+        except BaseException:
+            done.cancel()
+            raise
+
+    def _finished(self, done: Future[T], task: asyncio.Task[T]) -> None:
+        # The caller's answer first, then "not busy": close() may stop the loop after that.
+        try:
+            if task.cancelled():
+                done.cancel()
+            elif (exc := task.exception()) is not None:
+                if isinstance(exc, EffectUncertain) and isinstance(exc.__cause__, CallExited):
+                    exc = exc.__cause__.original  # recorded unknown; the caller gets what the call raised
+                done.set_exception(exc)
+            else:
+                done.set_result(task.result())
+        except InvalidStateError:
+            pass  # the caller gave up waiting meanwhile
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
+
+    @property
+    def ledger(self) -> Ledger:
+        """The async ``Ledger`` underneath (use it only from its own loop)."""
+        return self._ledger
+
+    @property
+    def store(self) -> Store:
+        """The ledger's store: ``path`` and ``closed`` are safe to read; its coroutines belong to the
+        ledger's own loop."""
+        return self._ledger.store
+
+    @property
+    def worker(self) -> str:
+        """This ledger's identity as a claim owner, written into its intents' ``worker`` field."""
+        return self._ledger.worker
+
+    @property
+    def targets(self) -> dict[str, Target]:
+        """The declared targets by name."""
+        return self._ledger.targets
+
+    def now_ms(self) -> int:
+        """The ledger's clock, in epoch milliseconds."""
+        return self._ledger.now_ms()
+
+    def execute(
+        self,
+        *,
+        target: str,
+        operation: str,
+        request: Any,
+        call: Callable[[str], Any],
+        run_id: str | None = None,
+        step: str | None = None,
+        key: str | None = None,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> Confirmation:
+        """``Ledger.execute`` for a synchronous ``call(key)``, run in a thread of its own under the
+        deadline (see the module's note on a call that outlives it)."""
+        if not callable(call):
+            raise InvalidEffect("call must be a function of the idempotency key")
+        if _is_async(call):
+            raise InvalidEffect("call is async: SyncLedger runs plain functions (use Ledger.execute for async ones)")
+        context = contextvars.copy_context()  # the caller's, not the loop thread's
+        return self._run(
+            self._ledger.execute(
+                target=target,
+                operation=operation,
+                request=request,
+                call=functools.partial(_in_thread, call, context),
+                run_id=run_id,
+                step=step,
+                key=key,
+                namespace=namespace,
+                timeout=timeout,
+            )
+        )
+
+    def record_receipt(
+        self,
+        key: str,
+        receipt_id: str,
+        value: Any = None,
+        *,
+        source: ReceiptSource | str = ReceiptSource.WEBHOOK,
+        attempt: int = 0,
+        allow_unknown: bool = False,
+    ) -> Effect:
+        """``Ledger.record_receipt``."""
+        return self._run(
+            self._ledger.record_receipt(
+                key, receipt_id, value, source=source, attempt=attempt, allow_unknown=allow_unknown
+            )
+        )
+
+    def decide(
+        self, key: str, decision: DecisionKind | str, *, by: str, reason: str, receipt_id: str | None = None
+    ) -> Effect:
+        """``Ledger.decide``."""
+        return self._run(self._ledger.decide(key, decision, by=by, reason=reason, receipt_id=receipt_id))
+
+    def get(self, key: str) -> Effect | None:
+        """``Ledger.get``."""
+        return self._run(self._ledger.get(key))
+
+    def expire(self, key: str) -> Effect | None:
+        """``Ledger.expire``."""
+        return self._run(self._ledger.expire(key))
+
+    def effect(
+        self,
+        *,
+        target: str,
+        operation: str | None = None,
+        timeout: float | None = None,
+        key_arg: str = "idempotency_key",
+    ) -> Callable[[F], Callable[..., Any]]:
+        """``Ledger.effect`` for a plain function: its arguments are the request, it receives the
+        key as ``key_arg``; the wrapper takes ``run_id=``/``step=`` (or ``key=``) on top."""
+
+        def wrap(fn: F) -> Callable[..., Any]:
+            if _is_async(fn):
+                raise InvalidEffect(f"{fn.__name__} is async: SyncLedger.effect wraps plain functions (Ledger.effect)")
+            op, sig = self._ledger.check_wrapped(fn, operation, key_arg)
+
+            @functools.wraps(fn)
+            def wrapper(
+                *args: Any, run_id: str | None = None, step: str | None = None, key: str | None = None, **kwargs: Any
+            ) -> Any:
+                return self.execute(
+                    target=target,
+                    operation=op,
+                    request=bind_request(sig, key_arg, args, kwargs),
+                    run_id=run_id,
+                    step=step,
+                    key=key,
+                    timeout=timeout,
+                    call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
+                ).value
+
+            return wrapper
+
+        return wrap
+
+
+class CallExited(Exception):
+    """A call ended with ``SystemExit`` (or another non-``Exception``): recorded as an unknown
+    outcome, then re-raised to the caller. It must not reach the loop, which it would stop."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(f"{type(original).__name__}({original})")
+        self.original = original
+
+
+def _is_async(fn: Any) -> bool:
+    """An async function, a partial of one, or an object whose ``__call__`` is one."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+def _in_thread(call: Callable[[str], Any], context: contextvars.Context, key: str) -> asyncio.Future[Any]:
+    """Start ``call(key)`` in a daemon thread; the returned future (of the running loop) completes
+    with its result. A thread per call: a call that hangs past its deadline holds only itself."""
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future[Any] = loop.create_future()
+
+    def deliver(value: Any, exc: BaseException | None) -> None:
+        if result.done():  # cut off at the deadline (or cancelled): what it did is not recorded
+            return
+        if exc is None:
+            result.set_result(value)
+        else:
+            result.set_exception(exc if isinstance(exc, Exception) else CallExited(exc))
+
+    def run() -> None:
+        value, exc = None, None
+        try:
+            # A copy per run: a replay of the key and a later attempt may use the same context.
+            value = context.copy().run(call, key)
+            if inspect.isawaitable(value):  # a lambda that returned a coroutine: run it here
+                value = asyncio.run(_awaited(value))
+        except BaseException as e:
+            exc = e
+        try:
+            loop.call_soon_threadsafe(deliver, value, exc)
+        except RuntimeError:  # the ledger was closed meanwhile: nobody waits for this any more
+            pass
+
+    threading.Thread(target=run, name=f"effect-ledger call {key[:40]}", daemon=True).start()
+    return result
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()

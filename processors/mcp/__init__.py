@@ -1,1 +1,0 @@
-"""``effects mcp-proxy``: an MCP proxy that records each call of a declared write tool as an effect."""

@@ -1,1 +1,0 @@
-"""Operator and auditor tools: replay audit, trace, stuck, tail, escalations, the SQL sink."""
