@@ -12,9 +12,12 @@ key; an effect whose outcome is unknown is reconciled with the destination, neve
     )
 
 This module is the public door: the names in ``__all__`` are the supported API
-(``tests/unit/test_public_api.py`` pins them). The code lives in ``effect_ledger.schemas`` (the
-Avro contract), ``effect_ledger.streams`` (the client side) and ``effect_ledger.processors`` (the
-services); their modules may move, these names stay.
+(``tests/unit/test_public_api.py`` pins them); their modules may move, these names stay. Every
+``LedgerError`` lives in ``effect_ledger.errors``. The rooms, each with its walls in ``make lint``:
+``core`` (pure), ``targets``, ``sdk`` (with ``store`` and ``kafka``), ``metrics``, the apps
+(``integrations``, ``cli``, ``console``, ``mcp``, ``ops``, ``demo``), and the brief's folders installed
+under this root: ``schemas`` (the Avro contract), ``streams`` (the topics) and ``processors`` (the
+faust processor and the reconcile consumers).
 """
 
 from __future__ import annotations
@@ -22,19 +25,11 @@ from __future__ import annotations
 from effect_ledger.core.effect import Effect
 from effect_ledger.core.keys import effect_key
 from effect_ledger.core.model import DecisionKind, ReceiptSource, State
-from effect_ledger.core.reconcile import (
-    Absent,
-    Answer,
-    Backoff,
-    CallableReconciler,
-    EffectView,
-    Found,
-    Reconciler,
-    Target,
-    Unknown,
-)
+from effect_ledger.core.reconcile import Absent, Answer, Backoff, EffectView, Found, Reconciler, Target, Unknown
 from effect_ledger.errors import (
     BodyErased,
+    ConfigError,
+    DecisionRefused,
     DefiniteFailure,
     EffectClosed,
     EffectConflict,
@@ -58,6 +53,7 @@ from effect_ledger.sdk.ledger import Confirmation, Ledger
 from effect_ledger.sdk.store.sqlite import Durability
 from effect_ledger.sdk.sync import SyncLedger
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import HttpReconciler
 from effect_ledger.targets.load import load_targets
 
@@ -108,4 +104,6 @@ __all__ = [
     "LedgerUnavailable",
     "LedgerLagging",
     "MissingExtra",
+    "ConfigError",
+    "DecisionRefused",
 ]

@@ -5,6 +5,12 @@ raise it again on replay (DBOS), and process pools, pickle it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: errors imports nothing of effect-ledger at run time
+    from effect_ledger.streams.admin import Drift
+
 
 class LedgerError(Exception):
     """Base class of effect-ledger errors."""
@@ -199,3 +205,48 @@ class MissingExtra(LedgerError, ImportError):
         super().__init__(f"{feature} needs the {extra} extra: pip install '{distribution}[{extra}]'")
         self.extra = extra
         self.feature = feature
+
+
+# Raised by the topics' plumbing (``effect_ledger.streams``) and the ledger processor.
+
+
+class DecodeError(LedgerError, ValueError):
+    """The bytes are not a record this codec knows: wrong magic, unknown fingerprint, truncated or
+    trailing bytes, or a body that does not match its schema."""
+
+
+class UnknownSchema(DecodeError):
+    """The record's writer schema is neither one this release ships nor one its resolver could find
+    (in ``effects.schemas``, within its bounded wait). ``fingerprint``: the 8 bytes of the header."""
+
+    def __init__(self, fingerprint: bytes, detail: str = "") -> None:
+        super().__init__(f"unknown schema fingerprint {fingerprint.hex()}{detail}")
+        self.fingerprint = fingerprint
+
+    def __reduce__(self) -> tuple[type, tuple[bytes]]:
+        return (type(self), (self.fingerprint,))
+
+
+class EncodeError(LedgerError, ValueError):
+    """The object does not fit its schema (a missing field, a wrong type)."""
+
+
+class SchemaTopicError(LedgerError):
+    """A writer could not publish its schemas to ``effects.schemas`` (missing topic, no broker, no
+    permission): it must not write records that readers could not learn to decode."""
+
+
+class RegistryError(LedgerError):
+    """The Schema Registry could not be reached, refused a schema, or answered something else."""
+
+
+class TopicDrift(LedgerError):
+    """A topic exists with settings other than the ones effect-ledger relies on (``check_topics``)."""
+
+    def __init__(self, drifts: Sequence[Drift]) -> None:
+        super().__init__("; ".join(str(d) for d in drifts) + " (see `effects topics check`)")
+        self.drifts = drifts
+
+
+class OutputRefused(LedgerError):
+    """Kafka refused a record of the processor's batch for good: the batch is not acknowledged."""

@@ -32,15 +32,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from effect_ledger.errors import LedgerError
+from effect_ledger.errors import OutputRefused
 
 #: The ``client.id`` of the worker's fold writer (its producer), as the broker's logs and quotas see it.
 CLIENT_ID = "effect-ledger-fold"
 _FLUSH_SLICE_S = 1.0  # one wait for deliveries in the flushing thread; repeated until all are in
-
-
-class OutputRefused(LedgerError):
-    """Kafka refused a record of the processor's batch for good: the batch is not acknowledged."""
 
 
 class BatchWriter:

@@ -1,7 +1,7 @@
 """Reconciliation consumers: a consumer group on ``effects.uncertain``.
 
 For each uncertain effect: ask the target's reconciler, under the target's timeout, and judge the
-answer (``effect_ledger.core.reconcile.ask`` and ``judge``: found -> CONFIRMED, absent -> ABSENT,
+answer (``effect_ledger.targets.ask.ask`` and ``core.reconcile.judge``: found -> CONFIRMED, absent -> ABSENT,
 unknown -> asked again after the target's backoff, re-published by the processor, then ESCALATED),
 and write the resolution to ``effects.events``.
 
@@ -24,12 +24,13 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect
-from effect_ledger.core.reconcile import Target, ask, judge, only_the_agent_can_ask, target_for, view_of_uncertain
+from effect_ledger.core.reconcile import Target, judge, only_the_agent_can_ask, target_for, view_of_uncertain
+from effect_ledger.errors import DecodeError, EncodeError
 from effect_ledger.sdk.kafka.relay import producer_config
-from effect_ledger.streams.codec import DecodeError, EncodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.dlq import dead_letter
 from effect_ledger.streams.schema_topic import kafka_codec
+from effect_ledger.targets.ask import ask
 
 log = logging.getLogger("effect_ledger.reconcilers")
 

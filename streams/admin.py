@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.errors import ConfigError, LedgerError
+from effect_ledger.errors import ConfigError, TopicDrift
 from effect_ledger.streams.config import KafkaConfig
 
 if TYPE_CHECKING:
@@ -21,14 +21,6 @@ if TYPE_CHECKING:
 
 class BrokerUnavailable(RuntimeError):
     """No broker answered a metadata request in time."""
-
-
-class TopicDrift(LedgerError):
-    """A topic exists with settings other than the ones effect-ledger relies on (``check_topics``)."""
-
-    def __init__(self, drifts: list[Drift]) -> None:
-        super().__init__("; ".join(str(d) for d in drifts) + " (see `effects topics check`)")
-        self.drifts = drifts
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from fastavro.validation import validate as _validate
 
 from effect_ledger import schemas
 from effect_ledger.core import model
-from effect_ledger.errors import LedgerError
+from effect_ledger.errors import DecodeError, EncodeError, LedgerError, UnknownSchema
 from effect_ledger.streams._avro_writer import compile_record
 
 MAGIC = b"\xc3\x01"
@@ -50,27 +50,6 @@ class Registry(Protocol):
     def register(self, raw: dict[str, Any]) -> int: ...
 
     def schema(self, schema_id: int) -> dict[str, Any]: ...
-
-
-class DecodeError(LedgerError, ValueError):
-    """The bytes are not a record this codec knows: wrong magic, unknown fingerprint, truncated or
-    trailing bytes, or a body that does not match its schema."""
-
-
-class UnknownSchema(DecodeError):
-    """The record's writer schema is neither one this release ships nor one its resolver could find
-    (in ``effects.schemas``, within its bounded wait). ``fingerprint``: the 8 bytes of the header."""
-
-    def __init__(self, fingerprint: bytes, detail: str = "") -> None:
-        super().__init__(f"unknown schema fingerprint {fingerprint.hex()}{detail}")
-        self.fingerprint = fingerprint
-
-    def __reduce__(self) -> tuple[type, tuple[bytes]]:
-        return (type(self), (self.fingerprint,))
-
-
-class EncodeError(LedgerError, ValueError):
-    """The object does not fit its schema (a missing field, a wrong type)."""
 
 
 #: Asked for the writer schema of an unknown fingerprint (8 bytes, as in the header): the schema as

@@ -21,15 +21,11 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from effect_ledger.errors import LedgerError
+from effect_ledger.errors import RegistryError
 
 #: A registry answer larger than this is refused (a schema of ours is ~1-2 KiB).
 MAX_ANSWER_BYTES = 1024 * 1024
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-
-
-class RegistryError(LedgerError):
-    """The Schema Registry could not be reached, refused a schema, or answered something else."""
 
 
 class RegistryClient:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from effect_ledger.errors import LedgerError
+from effect_ledger.errors import SchemaTopicError
 from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.registry import RegistryClient
@@ -42,11 +42,6 @@ DEFAULT_WAIT_S = 10.0
 #: After a fingerprint was looked up and not found, records with it fail at once for this long
 #: instead of reading the topic again (a stream of foreign records must not stall a consumer).
 MISS_TTL_S = 5.0
-
-
-class SchemaTopicError(LedgerError):
-    """A writer could not publish its schemas to ``effects.schemas`` (missing topic, no broker, no
-    permission): it must not write records that readers could not learn to decode."""
 
 
 def schema_key(fp: bytes) -> str:

@@ -44,7 +44,7 @@ from effect_ledger.core.model import (
     State,
     Verdict,
 )
-from effect_ledger.core.reconcile import Absent, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.core.reconcile import Absent, EffectView, Found, Target, Unknown
 from effect_ledger.errors import (
     DecisionRefused,
     DefiniteFailure,
@@ -58,6 +58,7 @@ from effect_ledger.errors import (
 )
 from effect_ledger.sdk.ledger import Confirmation, Ledger
 from effect_ledger.sdk.store.sqlite import ClaimOp
+from effect_ledger.targets.ask import CallableReconciler
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")

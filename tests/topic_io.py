@@ -17,8 +17,9 @@ from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
+from effect_ledger.errors import DecodeError
 from effect_ledger.sdk.kafka.relay import producer_config
-from effect_ledger.streams.codec import DecodeError, default_codec
+from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.services import Service

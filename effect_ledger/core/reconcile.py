@@ -1,8 +1,8 @@
-"""Reconciliation: asking a destination, by idempotency key, whether an effect happened.
+"""Reconciliation verdicts, decided purely: what a destination's answer about an effect means.
 
 A ``Reconciler`` answers one question for one target: ``Found(receipt)``, ``Absent()`` or
-``Unknown(reason)``. ``judge`` turns that answer into a ``Resolution`` event under the rules that
-keep retries safe:
+``Unknown(reason)`` (asked by ``effect_ledger.targets.ask``). ``judge`` turns that answer into a
+``Resolution`` event under the rules that keep retries safe:
 
 * ``Found`` is proof: the effect is CONFIRMED with the receipt found.
 * ``Absent`` makes a retry safe only once the attempt's deadline has passed (a request sent just
@@ -22,10 +22,8 @@ the reason to ``MAX_TEXT_BYTES``.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -86,28 +84,6 @@ class Reconciler(Protocol):
         """Ask the destination about ``effect.effect_id``: Found only with proof it happened, Absent only
         with proof it did not, else Unknown. An exception, or an ask longer than the target's timeout,
         counts as Unknown."""
-
-
-class CallableReconciler:
-    """A reconciler from a plain (sync or async) function ``fn(effect: EffectView) -> Answer``."""
-
-    def __init__(self, fn: Callable[[EffectView], Answer | Awaitable[Answer]], name: str | None = None) -> None:
-        self._fn = fn
-        self.name: str = name or str(getattr(fn, "__name__", "callable"))
-
-    async def check(self, effect: EffectView) -> Answer:
-        """Call the function (awaiting it if it returns an awaitable); anything it returns other than
-        Found, Absent or Unknown becomes Unknown. Its exceptions propagate to the caller."""
-        result = self._fn(effect)
-        if inspect.isawaitable(result):
-            result = await result
-        if not isinstance(result, Found | Absent | Unknown):
-            return Unknown(f"reconciler {self.name} returned {result!r}, not Found/Absent/Unknown")
-        return result
-
-
-#: How long one ask of a destination may take when neither the target nor its reconciler says.
-DEFAULT_ASK_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -242,55 +218,6 @@ def target_for(targets: Mapping[str, Target], name: str) -> tuple[Target, bool]:
     if declared is not None:
         return declared, True
     return Target(name or "unknown"), False
-
-
-def ask_timeout_s(target: Target) -> float:
-    """How long one ask of the target's reconciler may take (see ``Target.timeout_s``)."""
-    if target.timeout_s is not None:
-        return target.timeout_s
-    own = getattr(target.reconciler, "timeout_s", None)
-    if isinstance(own, int | float) and not isinstance(own, bool) and own > 0:
-        return float(own)
-    return DEFAULT_ASK_TIMEOUT_S
-
-
-Replay = Callable[[], Awaitable[Any]]
-
-
-async def ask(
-    effect: EffectView,
-    target: Target,
-    now_ms: int,
-    *,
-    declared: bool = True,
-    replay: Replay | None = None,
-    receipt_of: Callable[[Any], str] | None = None,
-) -> tuple[Answer | None, str]:
-    """Ask the destination whether the effect happened: (the answer, who answered). ``None`` means
-    nobody could be asked (``judge`` escalates it). Never raises: a reconciler that fails or takes
-    longer than ``ask_timeout_s(target)`` is an Unknown answer.
-
-    Without a reconciler, a target that honours keys is asked by ``replay`` (the call again, with
-    the same key, under the call's own deadline: it returns the original), while the destination
-    still remembers the key; ``receipt_of`` names the receipt of what it returned. Only the agent
-    holds the call: services pass none (see ``only_the_agent_can_ask``)."""
-    if not declared:
-        return Unknown(f"target {target.name!r} is not declared in the targets; nobody was asked"), "undeclared"
-    if target.reconciler is not None:
-        try:
-            async with asyncio.timeout(ask_timeout_s(target)):
-                return await target.reconciler.check(effect), target.reconciler.name
-        except Exception as e:  # a reconciler that fails is an unknown answer, not a crash
-            return Unknown(f"{type(e).__name__}: {e}"), target.reconciler.name
-    if target.honours_keys and replay is not None and not retention_passed(effect, target, now_ms):
-        try:
-            value = await replay()
-        except Exception as e:
-            if target.rejects(e):
-                return Absent(f"replay rejected: {e}"), "replay"
-            return Unknown(f"replay failed: {type(e).__name__}: {e}"), "replay"
-        return Found(receipt_of(value) if receipt_of is not None else "", value), "replay"
-    return None, "none"
 
 
 def _early_id(attempt: int, tries: int, effect_id: str) -> str:

@@ -53,7 +53,6 @@ recovered workflow that replays it records nothing twice.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -62,7 +61,8 @@ from dbos import DBOS
 from effect_ledger.core.model import State
 from effect_ledger.errors import EffectUncertain, InvalidEffect
 from effect_ledger.integrations.decisions import escalation, parse_decision
-from effect_ledger.sdk.ledger import Confirmation, Ledger, bind_request
+from effect_ledger.sdk._wrap import keyed
+from effect_ledger.sdk.ledger import Confirmation
 from effect_ledger.sdk.sync import SyncLedger
 
 T = TypeVar("T")
@@ -95,22 +95,13 @@ def ledger_step(
     ``operation`` defaults to the function's name with ``_`` as ``.``."""
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Confirmation]:
-        op, sig = Ledger.check_wrapped(fn, operation, key_arg)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, step: str | None = step, **kwargs: Any) -> Confirmation:
+        def run(op: str, request: Any, call: Callable[[str], Any], *, step: str | None) -> Confirmation:
             run_id, step_name = run_identity(fn, step)
             return ledger.execute(
-                target=target,
-                operation=op,
-                request=bind_request(sig, key_arg, args, kwargs),
-                call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
-                run_id=run_id,
-                step=step_name,
-                timeout=timeout,
+                target=target, operation=op, request=request, call=call, run_id=run_id, step=step_name, timeout=timeout
             )
 
-        return wrapper
+        return keyed(fn, operation, key_arg, {"step": step}, run)
 
     return wrap
 

@@ -55,7 +55,6 @@ Synchronous nodes and tools only: the call runs on the ``SyncLedger``'s thread.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +64,8 @@ from langgraph.types import interrupt
 from effect_ledger.core.model import State
 from effect_ledger.errors import EffectUncertain, InvalidEffect
 from effect_ledger.integrations.decisions import already_applied, escalation, parse_decision
-from effect_ledger.sdk.ledger import Confirmation, Ledger, bind_request
+from effect_ledger.sdk._wrap import keyed
+from effect_ledger.sdk.ledger import Confirmation
 from effect_ledger.sdk.sync import SyncLedger
 
 # LangGraph's own spelling of a checkpoint namespace ("parent:task_id|node:task_id") and of the path
@@ -177,22 +177,11 @@ def ledger_effect(
     The wrapper takes ``step=`` on top (see the key rule) and returns the ``Confirmation``.
     ``operation`` defaults to the function's name with ``_`` as ``.``."""
 
+    def run(op: str, request: Any, call: Callable[[str], Any], *, step: str | None) -> Confirmation:
+        return execute(ledger, target=target, operation=op, request=request, call=call, step=step, timeout=timeout)
+
     def wrap(fn: Callable[..., Any]) -> Callable[..., Confirmation]:
-        op, sig = Ledger.check_wrapped(fn, operation, key_arg)
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, step: str | None = None, **kwargs: Any) -> Confirmation:
-            return execute(
-                ledger,
-                target=target,
-                operation=op,
-                request=bind_request(sig, key_arg, args, kwargs),
-                call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
-                step=step,
-                timeout=timeout,
-            )
-
-        return wrapper
+        return keyed(fn, operation, key_arg, {"step": None}, run)
 
     return wrap
 

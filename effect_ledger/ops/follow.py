@@ -7,8 +7,8 @@ import threading
 from collections.abc import Iterable, Iterator
 
 from effect_ledger.core.model import EffectState, State
+from effect_ledger.errors import DecodeError
 from effect_ledger.ops.sources import follow_topic
-from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
+from effect_ledger.errors import DecodeError
 from effect_ledger.ops.sink_db import SinkStore, open_store
 from effect_ledger.ops.sources import SourceError, _partitions
 from effect_ledger.sdk.store.tables import state_row
-from effect_ledger.streams.codec import DecodeError
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.watermarks import watermarks

@@ -25,9 +25,9 @@ from effect_ledger.core.model import (
     Retirement,
     misplaced,
 )
-from effect_ledger.errors import StorageError
+from effect_ledger.errors import DecodeError, StorageError
 from effect_ledger.sdk.store.reader import LedgerReader
-from effect_ledger.streams.codec import Codec, DecodeError, default_codec
+from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.schema_topic import kafka_codec

@@ -50,16 +50,7 @@ from effect_ledger.core.plan import (
     after_answer,
     plan,
 )
-from effect_ledger.core.reconcile import (
-    Answer,
-    Target,
-    answered_too_early,
-    ask,
-    judge,
-    target_for,
-    target_name,
-    view,
-)
+from effect_ledger.core.reconcile import Answer, Target, answered_too_early, judge, target_for, target_name, view
 from effect_ledger.errors import (
     EffectInProgress,
     EffectRetired,
@@ -78,6 +69,7 @@ from effect_ledger.sdk.kafka.remote import merge_remote, remote_events
 from effect_ledger.sdk.receipts import Confirmation, confirmation_of, new_event_id, receipt_of
 from effect_ledger.sdk.store import retire as retire_store
 from effect_ledger.sdk.store.sqlite import ClaimOp, Loaded, Store, VersionConflict
+from effect_ledger.targets.ask import ask
 
 if TYPE_CHECKING:
     from effect_ledger.sdk.kafka.lookup import ProcessorLookup
@@ -218,7 +210,7 @@ class Executor:
     async def ask(
         self, effect: Effect, target: Target, call: Call | None, call_timeout: float, *, declared: bool = True
     ) -> tuple[Answer | None, str]:
-        """``reconcile.ask`` with this ledger's call: a target that honours keys and has no
+        """``targets.ask.ask`` with this ledger's call: a target that honours keys and has no
         reconciler is asked by replaying the call with the same key, under the call's timeout."""
         replay = None
         if call is not None:

@@ -36,16 +36,6 @@ from effect_ledger.errors import BodyErased, InvalidEffect
 if TYPE_CHECKING:
     from effect_ledger.sdk.store.sqlite import Store
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS erasure_keys (
-    kid             TEXT PRIMARY KEY,   -- random: names the key in sealed bodies, says nothing of the subject
-    subject_digest  TEXT NOT NULL,      -- sha256 of the subject, to find its keys when it is erased
-    key             BLOB NOT NULL,      -- AES-256 key
-    created_ms      INTEGER NOT NULL
-);
-CREATE INDEX IF NOT EXISTS erasure_keys_by_subject ON erasure_keys(subject_digest);
-"""
-
 SEALED = "effect_ledger.sealed"
 SEALED_PREFIX = '{"' + SEALED + '":'
 ALG = "A256GCM"
@@ -210,6 +200,6 @@ async def erase(store: Store, subject: str) -> int:
 
 
 __all__ = [
-    "SCHEMA", "SEALED", "Keyring", "FileKeyring", "seal", "is_sealed", "key_for", "open_body", "erase",
+    "SEALED", "Keyring", "FileKeyring", "seal", "is_sealed", "key_for", "open_body", "erase",
     "subject_digest", "key_id",
 ]  # fmt: skip

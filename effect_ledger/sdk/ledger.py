@@ -34,8 +34,6 @@ records the facts that come later (webhook receipts, deadlines, people's decisio
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -64,6 +62,7 @@ from effect_ledger.errors import (
     UnknownEffect,
 )
 from effect_ledger.sdk._executor import Call, Executor
+from effect_ledger.sdk._wrap import keyed
 from effect_ledger.sdk.erasure import FileKeyring, Keyring
 from effect_ledger.sdk.kafka import claims
 from effect_ledger.sdk.kafka.remote import merge_remote
@@ -416,45 +415,16 @@ class Ledger:
         ``key=``) on top of its own arguments, which form the request; it returns what the
         destination returned, from the call or from the record."""
 
+        async def run(op: str, request: Any, call: Call, **own: Any) -> Any:
+            confirmation = await self.execute(
+                target=target, operation=op, request=request, timeout=timeout, call=call, **own
+            )
+            return confirmation.value
+
         def wrap(fn: F) -> Callable[..., Awaitable[Any]]:
-            op, sig = self.check_wrapped(fn, operation, key_arg)
-
-            @functools.wraps(fn)
-            async def wrapper(
-                *args: Any, run_id: str | None = None, step: str | None = None, key: str | None = None, **kwargs: Any
-            ) -> Any:
-                confirmation = await self.execute(
-                    target=target,
-                    operation=op,
-                    request=bind_request(sig, key_arg, args, kwargs),
-                    run_id=run_id,
-                    step=step,
-                    key=key,
-                    timeout=timeout,
-                    call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
-                )
-                return confirmation.value
-
-            return wrapper
+            return keyed(fn, operation, key_arg, {"run_id": None, "step": None, "key": None}, run)
 
         return wrap
-
-    @staticmethod
-    def check_wrapped(fn: Callable[..., Any], operation: str | None, key_arg: str) -> tuple[str, inspect.Signature]:
-        """The operation name and signature of a function the decorator wraps (it must take the key)."""
-        op = operation or fn.__name__.replace("_", ".")
-        check_name("operation", op)
-        sig = inspect.signature(fn)
-        if key_arg not in sig.parameters:
-            raise InvalidEffect(f"{fn.__name__} must accept the idempotency key as keyword {key_arg!r}")
-        return op, sig
-
-
-def bind_request(sig: inspect.Signature, key_arg: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The request of a decorated call: its arguments by name, defaults applied, without the key."""
-    bound = sig.bind_partial(*args, **kwargs)
-    bound.apply_defaults()
-    return {k: v for k, v in bound.arguments.items() if k != key_arg}
 
 
 E = TypeVar("E", ReceiptSource, DecisionKind)
@@ -468,7 +438,7 @@ def _enum(cls: type[E], kind: str, value: object) -> E:
         raise InvalidEffect(f"invalid {kind} {show(value)}: one of {names}") from None
 
 
-__all__ = ["Ledger", "Confirmation", "DEFAULT_TIMEOUT_S", "bind_request"]
+__all__ = ["Ledger", "Confirmation", "DEFAULT_TIMEOUT_S"]
 
 
 def _checked_open(path: object, durability: object, targets: object) -> tuple[str, Durability]:

@@ -42,7 +42,8 @@ from effect_ledger.core.effect import Effect
 from effect_ledger.core.model import DecisionKind, ReceiptSource
 from effect_ledger.core.reconcile import Target
 from effect_ledger.errors import EffectUncertain, InvalidEffect, LedgerClosed
-from effect_ledger.sdk.ledger import Confirmation, Ledger, bind_request
+from effect_ledger.sdk._wrap import keyed
+from effect_ledger.sdk.ledger import Confirmation, Ledger
 from effect_ledger.sdk.store.sqlite import Store
 
 T = TypeVar("T")
@@ -251,24 +252,13 @@ class SyncLedger:
         def wrap(fn: F) -> Callable[..., Any]:
             if _is_async(fn):
                 raise InvalidEffect(f"{fn.__name__} is async: SyncLedger.effect wraps plain functions (Ledger.effect)")
-            op, sig = self._ledger.check_wrapped(fn, operation, key_arg)
 
-            @functools.wraps(fn)
-            def wrapper(
-                *args: Any, run_id: str | None = None, step: str | None = None, key: str | None = None, **kwargs: Any
-            ) -> Any:
+            def run(op: str, request: Any, call: Callable[[str], Any], **own: Any) -> Any:
                 return self.execute(
-                    target=target,
-                    operation=op,
-                    request=bind_request(sig, key_arg, args, kwargs),
-                    run_id=run_id,
-                    step=step,
-                    key=key,
-                    timeout=timeout,
-                    call=lambda k: fn(*args, **{**kwargs, key_arg: k}),
+                    target=target, operation=op, request=request, timeout=timeout, call=call, **own
                 ).value
 
-            return wrapper
+            return keyed(fn, operation, key_arg, {"run_id": None, "step": None, "key": None}, run)
 
         return wrap
 

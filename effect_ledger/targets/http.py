@@ -15,15 +15,8 @@ from effect_ledger.targets.keyurl import key_url, origin
 if TYPE_CHECKING:
     import aiohttp
 
-from effect_ledger.core.reconcile import (
-    DEFAULT_ASK_TIMEOUT_S,
-    Absent,
-    Answer,
-    CallableReconciler,
-    EffectView,
-    Found,
-    Unknown,
-)
+from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
+from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S, CallableReconciler
 
 __all__ = ["HttpReconciler", "CallableReconciler", "DEFAULT_MAX_BODY", "MAX_BODY_LIMIT"]
 

@@ -52,9 +52,10 @@ from effect_ledger._files import read_regular
 from effect_ledger.core import bodies
 from effect_ledger.core.effect import DECISION_GRACE_MS
 from effect_ledger.core.keys import check_name
-from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, CallableReconciler, Reconciler, Target
+from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
 from effect_ledger.errors import TargetsError
+from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import MAX_BODY_LIMIT, HttpReconciler
 
 ENV_VAR = "EFFECTS_TARGETS"

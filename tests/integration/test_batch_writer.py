@@ -12,7 +12,8 @@ import rocksdict
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from effect_ledger.processors.batch_writer import BatchWriter, OutputRefused
+from effect_ledger.errors import OutputRefused
+from effect_ledger.processors.batch_writer import BatchWriter
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.config import KafkaConfig
 

@@ -19,8 +19,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from effect_ledger.errors import DecodeError
 from effect_ledger.sdk.ledger import Ledger
-from effect_ledger.streams.codec import Codec, DecodeError
+from effect_ledger.streams.codec import Codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
 from tests.registry_server import RegistryServer

@@ -17,9 +17,10 @@ from typing import Any
 from confluent_kafka import Consumer
 
 from effect_ledger.core.model import DeadLetter, EffectState, State
+from effect_ledger.errors import UnknownSchema
 from effect_ledger.ops.sink import StateSink
 from effect_ledger.ops.sources import latest_states
-from effect_ledger.streams.codec import Codec, UnknownSchema, schema_fingerprint
+from effect_ledger.streams.codec import Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec, publish_schemas
 from tests.newer_writer import encode, newer

@@ -14,14 +14,8 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from effect_ledger.streams.admin import (
-    TopicDrift,
-    check_topics,
-    delete_topics,
-    ensure_topics,
-    list_topics,
-    require_topics,
-)
+from effect_ledger.errors import TopicDrift
+from effect_ledger.streams.admin import check_topics, delete_topics, ensure_topics, list_topics, require_topics
 from effect_ledger.streams.config import KafkaConfig
 
 TIMEOUT = 30

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from effect_ledger.core import model
+from effect_ledger.errors import EncodeError
 from effect_ledger.streams._avro_writer import compile_record
-from effect_ledger.streams.codec import EncodeError, default_codec
+from effect_ledger.streams.codec import default_codec
 
 CODEC = default_codec()
 LONGS = st.one_of(

@@ -14,12 +14,13 @@ from click.testing import CliRunner
 from effect_ledger.cli.main import main
 from effect_ledger.core.bodies import REDACTED, WITHHELD, BodyMode, BodyPolicy, redacted
 from effect_ledger.core.model import Intent
-from effect_ledger.core.reconcile import CallableReconciler, EffectView, Found, Target
+from effect_ledger.core.reconcile import EffectView, Found, Target
 from effect_ledger.errors import BodyErased, EffectConflict, TargetsError
 from effect_ledger.ops.audit import audit
 from effect_ledger.ops.sources import db_events
 from effect_ledger.sdk import erasure
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.load import parse_targets
 from tests.sdk_contract import OPERATION, RUN_ID, TARGET, Destination, FakeClock, run
 

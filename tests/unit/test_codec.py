@@ -19,16 +19,8 @@ from hypothesis import strategies as st
 
 from effect_ledger import schemas
 from effect_ledger.core import model as m
-from effect_ledger.errors import LedgerError
-from effect_ledger.streams.codec import (
-    HEADER,
-    MAGIC,
-    Codec,
-    DecodeError,
-    EncodeError,
-    UnknownSchema,
-    schema_fingerprint,
-)
+from effect_ledger.errors import DecodeError, EncodeError, LedgerError, UnknownSchema
+from effect_ledger.streams.codec import HEADER, MAGIC, Codec, schema_fingerprint
 
 INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1

@@ -15,8 +15,10 @@ EXPORTS = [
     "Backoff",
     "BodyErased",
     "CallableReconciler",
+    "ConfigError",
     "Confirmation",
     "DecisionKind",
+    "DecisionRefused",
     "DefiniteFailure",
     "Durability",
     "Effect",
@@ -98,3 +100,32 @@ def test_exported_errors_are_one_family() -> None:
     assert len(errors) >= 14
     # A missing extra is also an ImportError, for code that guards an optional import.
     assert issubclass(effect_ledger.MissingExtra, ImportError)
+
+
+def test_every_ledger_error_lives_in_errors() -> None:
+    """One error family in one module: a class deriving from any ``LedgerError`` anywhere else in the
+    code is a second home for errors (found by reading every module's class definitions)."""
+    import ast
+    from pathlib import Path
+
+    from effect_ledger import errors
+
+    family = {
+        name for name, obj in vars(errors).items() if isinstance(obj, type) and issubclass(obj, errors.LedgerError)
+    }
+    # DefiniteFailure is what a destination's client raises for "rejected, nothing happened" (the demo's
+    # gateway client, the MCP proxy's refused tool call): deriving from it is its documented use.
+    family.discard("DefiniteFailure")
+    root = Path(effect_ledger.__file__).resolve().parent.parent
+    elsewhere = []
+    for folder in ("effect_ledger", "streams", "processors", "schemas"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == Path(errors.__file__).resolve():
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                    if bases & family:
+                        elsewhere.append(f"{path.relative_to(root)}: {node.name}")
+    assert len(family) > 20
+    assert elsewhere == []

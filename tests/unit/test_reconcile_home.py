@@ -17,14 +17,10 @@ import pytest
 from effect_ledger.core.effect import Effect, fold, uncertain_event
 from effect_ledger.core.model import Executed, Intent, Outcome, Resolution, State, Verdict
 from effect_ledger.core.reconcile import (
-    DEFAULT_ASK_TIMEOUT_S,
     Backoff,
-    CallableReconciler,
     EffectView,
     Target,
     Unknown,
-    ask,
-    ask_timeout_s,
     next_check_ms,
     target_for,
     target_name,
@@ -35,6 +31,7 @@ from effect_ledger.errors import EffectUncertain
 from effect_ledger.processors.deadline_index import due_of
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.sdk.runner import Runner
+from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S, CallableReconciler, ask, ask_timeout_s
 from effect_ledger.targets.load import parse_targets
 from tests.sdk_contract import T0, FakeClock, reconciler_of, run
 

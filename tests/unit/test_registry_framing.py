@@ -11,8 +11,9 @@ import pytest
 
 from effect_ledger import schemas
 from effect_ledger.core import model as m
-from effect_ledger.streams.codec import Codec, DecodeError, schema_fingerprint
-from effect_ledger.streams.registry import RegistryClient, RegistryError
+from effect_ledger.errors import DecodeError, RegistryError
+from effect_ledger.streams.codec import Codec, schema_fingerprint
+from effect_ledger.streams.registry import RegistryClient
 from tests.registry_server import RegistryServer
 from tests.unit.test_codec import SAMPLES
 

@@ -14,10 +14,11 @@ import pytest
 
 from effect_ledger.core.effect import timeout_event_id
 from effect_ledger.core.model import Executed, Outcome, State, Timeout, TimeoutPhase, Verdict
-from effect_ledger.core.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.core.reconcile import Absent, Backoff, EffectView, Found, Target, Unknown
 from effect_ledger.errors import EffectUncertain
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.sdk.runner import Runner
+from effect_ledger.targets.ask import CallableReconciler
 from tests.sdk_contract import (
     KEY,
     OPERATION,

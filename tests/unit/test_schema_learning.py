@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from effect_ledger.core import model as m
-from effect_ledger.streams.codec import Codec, UnknownSchema, schema_fingerprint
+from effect_ledger.errors import UnknownSchema
+from effect_ledger.streams.codec import Codec, schema_fingerprint
 from effect_ledger.streams.schema_topic import schema_key, schema_value
 from tests.newer_writer import encode, newer
 

@@ -668,7 +668,7 @@ def test_sync_ledger_from_inside_its_own_loop_is_refused(tmp_path: Path) -> None
             raise
         raise AssertionError("not refused")
 
-    from effect_ledger.core.reconcile import CallableReconciler
+    from effect_ledger.targets.ask import CallableReconciler
 
     targets = [Target(TARGET, reconciler=CallableReconciler(lookup))]
     with SyncLedger.open(db(tmp_path), targets=targets) as ledger:

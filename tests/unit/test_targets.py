@@ -19,9 +19,10 @@ import pytest
 
 from effect_ledger import SyncLedger
 from effect_ledger.core.model import Executed, Outcome, State
-from effect_ledger.core.reconcile import Absent, Backoff, CallableReconciler, EffectView, Found, Target, Unknown
+from effect_ledger.core.reconcile import Absent, Backoff, EffectView, Found, Target, Unknown
 from effect_ledger.errors import EffectUncertain, TargetsError, UnknownTarget
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import HttpReconciler
 from effect_ledger.targets.load import ENV_VAR, MAX_FILE_BYTES, load_targets, parse_targets, resolve
 from tests.sdk_contract import KEY, OPERATION, REQUEST, RUN_ID, STEP, db_counts, run

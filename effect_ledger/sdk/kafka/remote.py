@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 from effect_ledger.core.model import OPEN_STATES, Event, is_event
 from effect_ledger.core.plan import CONFLICT_RETRIES
-from effect_ledger.errors import LedgerUnavailable
+from effect_ledger.errors import DecodeError, LedgerUnavailable
 from effect_ledger.sdk.store.sqlite import Claim, Loaded, Store, VersionConflict
-from effect_ledger.streams.codec import DecodeError
 
 if TYPE_CHECKING:  # aiohttp, which the lookup uses, loads only in Kafka mode
     from effect_ledger.sdk.kafka.lookup import ProcessorLookup

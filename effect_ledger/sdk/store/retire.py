@@ -25,21 +25,6 @@ from effect_ledger.core.retention import RETIRABLE_STATES, Retired, due
 if TYPE_CHECKING:
     from effect_ledger.sdk.store.sqlite import Store
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS retired (
-    effect_id       TEXT PRIMARY KEY,
-    state           TEXT NOT NULL,
-    request_digest  TEXT NOT NULL,
-    receipt_id      TEXT,
-    updated_ms      INTEGER NOT NULL,
-    retired_ms      INTEGER NOT NULL
-);
--- A retired key is never created again: the insert is ignored, as if someone else had been first.
-CREATE TRIGGER IF NOT EXISTS retired_keys_stay_retired BEFORE INSERT ON effects
-WHEN EXISTS (SELECT 1 FROM retired WHERE effect_id = NEW.effect_id)
-BEGIN SELECT RAISE(IGNORE); END;
-"""
-
 MAX_PER_RUN = 10_000  # effects retired per transaction; run again for more
 
 
@@ -112,4 +97,4 @@ def _retire(
     return done
 
 
-__all__ = ["SCHEMA", "MAX_PER_RUN", "retired", "retire", "has_relayed"]
+__all__ = ["MAX_PER_RUN", "retired", "retire", "has_relayed"]

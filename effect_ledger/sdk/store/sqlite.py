@@ -45,8 +45,6 @@ from typing import Any, NamedTuple
 from effect_ledger.core.effect import Effect, absorb
 from effect_ledger.core.model import Event, State
 from effect_ledger.errors import LedgerClosed, StorageError
-from effect_ledger.sdk import erasure
-from effect_ledger.sdk.store import retire as retire_store
 from effect_ledger.sdk.store import tables
 from effect_ledger.sdk.store.reader import SQLITE_MAGIC, read_only_uri
 from effect_ledger.sdk.store.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
@@ -221,7 +219,7 @@ def _connect(p: Path, durability: Durability) -> tuple[sqlite3.Connection, sqlit
         # and the writer bounds it (see Store._bound_wal).
         writer.execute("PRAGMA wal_autocheckpoint=0")
         writer.execute(f"PRAGMA journal_size_limit={WAL_LIMIT_BYTES}")
-        writer.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\n{retire_store.SCHEMA}\n{erasure.SCHEMA}\nCOMMIT;")
+        writer.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
         # On the event loop's thread a locked file is never waited for (see Store._transact).
         writer.execute("PRAGMA busy_timeout=0")
         reader = sqlite3.connect(p, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)

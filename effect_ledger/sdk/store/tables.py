@@ -76,6 +76,27 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     at_ms   INTEGER NOT NULL,
     reason  TEXT NOT NULL
 );
+-- Retired effects (``sdk/store/retire.py``): what is kept of a closed effect once its events are gone.
+CREATE TABLE IF NOT EXISTS retired (
+    effect_id       TEXT PRIMARY KEY,
+    state           TEXT NOT NULL,
+    request_digest  TEXT NOT NULL,
+    receipt_id      TEXT,
+    updated_ms      INTEGER NOT NULL,
+    retired_ms      INTEGER NOT NULL
+);
+-- A retired key is never created again: the insert is ignored, as if someone else had been first.
+CREATE TRIGGER IF NOT EXISTS retired_keys_stay_retired BEFORE INSERT ON effects
+WHEN EXISTS (SELECT 1 FROM retired WHERE effect_id = NEW.effect_id)
+BEGIN SELECT RAISE(IGNORE); END;
+-- The keys of erasable request bodies (``sdk/erasure.py``); erasing a subject deletes its rows.
+CREATE TABLE IF NOT EXISTS erasure_keys (
+    kid             TEXT PRIMARY KEY,   -- random: names the key in sealed bodies, says nothing of the subject
+    subject_digest  TEXT NOT NULL,      -- sha256 of the subject, to find its keys when it is erased
+    key             BLOB NOT NULL,      -- AES-256 key
+    created_ms      INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS erasure_keys_by_subject ON erasure_keys(subject_digest);
 """
 
 #: The tables every effect-ledger file has: a file with other tables and not these is not ours.
