@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from effect_ledger.core.effect import DECISION_GRACE_MS
+from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.core.keys import DEFAULT_NAMESPACE, canonical_json, digest, effect_key
 from effect_ledger.core.model import (
     DecisionKind,

@@ -47,6 +47,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
 
+from effect_ledger.core.deadlines import (
+    DECISION_GRACE_MS,
+    attempt_deadline_ms,
+    attempt_deadlines,
+    may_still_land_until_ms,
+)
 from effect_ledger.core.model import (
     IN_FLIGHT_STATES,
     INEXACT_PREFIX,
@@ -73,10 +79,6 @@ from effect_ledger.core.model import (
 )
 
 _KIND_ORDER = {Intent: 0, Executed: 1, Receipt: 2, Timeout: 3, Resolution: 4, Decision: 5, Claimed: 6}
-
-#: How long after an attempt's call deadline a person may first declare it ABSENT
-#: (``decision_refusal``): room for the clocks of the agent's and the operator's hosts to differ.
-DECISION_GRACE_MS = 2_000
 
 
 def _sort_key(e: Event) -> tuple[int, int, int, str]:
@@ -319,18 +321,12 @@ def uncertain_event(effect: Effect) -> UncertainEffect:
         intent_at_ms=first.at_ms if first else effect.created_ms,
         # The attempt's latest deadline: a lost claim's intent may carry a later one, and its call
         # may still land until then (reconcilers judge "absent" against it).
-        deadline_ms=attempt_deadline_ms(effect, effect.attempt) or (i.deadline_ms if i else effect.created_ms),
+        deadline_ms=attempt_deadline_ms(effect.facts, effect.attempt) or (i.deadline_ms if i else effect.created_ms),
         tries=tries,
         executed=any(
             isinstance(f, Executed) and f.outcome is Outcome.OK and f.attempt == effect.attempt for f in effect.facts
         ),
     )
-
-
-def attempt_deadline_ms(effect: Effect, attempt: int) -> int | None:
-    """The call deadline of ``attempt``: the latest deadline among its intents (a lost claim's intent
-    may carry a later one). None when no intent of that attempt is known."""
-    return max((f.deadline_ms for f in effect.facts if isinstance(f, Intent) and f.attempt == attempt), default=None)
 
 
 class Refusal(NamedTuple):
@@ -353,10 +349,10 @@ def decision_refusal(
     so a decision written past this check changes nothing either."""
     if decision is not DecisionKind.ABSENT:
         return None
-    deadline = attempt_deadline_ms(effect, effect.attempt)
+    deadline = attempt_deadline_ms(effect.facts, effect.attempt)
     if deadline is None:
         return Refusal(f"no intent of attempt {effect.attempt} is known: nothing says when its call would stop", None)
-    until = deadline + grace_ms
+    until = may_still_land_until_ms(deadline, grace_ms)
     wait = until - now_ms if now_ms < until else None
     if effect.state in IN_FLIGHT_STATES:
         return Refusal(
@@ -473,9 +469,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         flags.append(Flag.LOST_CLAIM)
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
-    deadlines: dict[int, int] = {}  # call deadline per attempt: only ABSENT decisions need it
-    for it in intents if absent_decisions else ():
-        deadlines[it.attempt] = max(it.deadline_ms, deadlines.get(it.attempt, it.deadline_ms))
+    deadlines = attempt_deadlines(intents) if absent_decisions else {}  # only ABSENT decisions need them
     early = [d for d in absent_decisions if _early_absent(d, deadlines)]
     if early:
         flags.append(Flag.DECISION_IGNORED)

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from effect_ledger.core.bodies import BodyPolicy
-from effect_ledger.core.effect import DECISION_GRACE_MS, Effect, attempt_deadline_ms, uncertain_event
+from effect_ledger.core.deadlines import DECISION_GRACE_MS, attempt_deadline_ms, may_still_land_until_ms
+from effect_ledger.core.effect import Effect, uncertain_event
 from effect_ledger.core.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
 from effect_ledger.core.model import Resolution, UncertainEffect, Verdict
 from effect_ledger.errors import DefiniteFailure, TargetsError
@@ -151,7 +152,7 @@ class Target:
     def may_still_land_until_ms(self, deadline_ms: int | None) -> int:
         """Until when a call with this deadline may still take effect: the deadline plus
         ``lands_within_s`` (0 for no known deadline)."""
-        return deadline_ms + self.lands_within_ms if deadline_ms else 0
+        return may_still_land_until_ms(deadline_ms, self.lands_within_ms)
 
     @property
     def definite(self) -> tuple[type[BaseException], ...]:
@@ -253,7 +254,7 @@ def next_check_ms(effect: Effect, target: Target, now_ms: int) -> int | None:
         return None
     after = last.at_ms + target.backoff.delay_ms(last.tries)
     if answered_too_early(last):  # "absent" while the call could still land: again once it cannot
-        return max(after, target.may_still_land_until_ms(attempt_deadline_ms(effect, effect.attempt)))
+        return max(after, target.may_still_land_until_ms(attempt_deadline_ms(effect.facts, effect.attempt)))
     return after
 
 

@@ -24,7 +24,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from effect_ledger.core import bodies
-from effect_ledger.core.effect import Effect, attempt_deadline_ms, expire
+from effect_ledger.core.deadlines import attempt_deadline_ms, call_deadline_ms
+from effect_ledger.core.effect import Effect, expire
 from effect_ledger.core.limits import bounded_text
 from effect_ledger.core.model import (
     INEXACT_PREFIX,
@@ -196,7 +197,7 @@ class Executor:
         effect, resolution = await self.record_answer(effect, target, answer, name)
         # Asking again can change an unknown answer once the old call has stopped (its deadline),
         # and an "absent" given too early once the call can no longer land.
-        deadline = attempt_deadline_ms(effect, effect.attempt) or 0
+        deadline = attempt_deadline_ms(effect.facts, effect.attempt) or 0
         until = target.may_still_land_until_ms(deadline) if answered_too_early(resolution) else deadline
         return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
 
@@ -245,7 +246,7 @@ class Executor:
         crashpoints.reached(crashpoints.BEFORE_INTENT)
         now = self.clock()
         attempt = step.attempt
-        deadline = now + int(spec.timeout * 1000)
+        deadline = call_deadline_ms(now, spec.timeout)
         intent = Intent(
             event_id=new_event_id(),
             effect_id=key,

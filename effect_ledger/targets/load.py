@@ -50,7 +50,7 @@ from typing import Any
 
 from effect_ledger._files import read_regular
 from effect_ledger.core import bodies
-from effect_ledger.core.effect import DECISION_GRACE_MS
+from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.core.keys import check_name
 from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms

@@ -23,16 +23,8 @@ from __future__ import annotations
 
 import pytest
 
-from effect_ledger.core.effect import (
-    DECISION_GRACE_MS,
-    Effect,
-    apply,
-    decision_refusal,
-    expire,
-    fold,
-    timeout_event_id,
-    to_state,
-)
+from effect_ledger.core.deadlines import DECISION_GRACE_MS
+from effect_ledger.core.effect import Effect, apply, decision_refusal, expire, fold, timeout_event_id, to_state
 from effect_ledger.core.model import (
     Decision,
     DecisionKind,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from effect_ledger import State, SyncLedger, effect_key
-from effect_ledger.core.effect import DECISION_GRACE_MS
+from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.core.model import Decision, DecisionKind
 from effect_ledger.demo.gateway import Gateway
 from effect_ledger.sdk import crashpoints
