@@ -23,7 +23,7 @@ help:
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make soak               10 minutes at 500 effects/s: two agent hosts, two workers, a reconciler, a worker"
 	@echo "                        kill -9 and a broker restart; report + plot in soak-report/ (SOAK_ARGS=--help)"
-	@echo "make lint               ruff and mypy"
+	@echo "make lint               ruff, mypy and the walls between the rooms (import-linter)"
 	@echo "make schemas-check      schema compatibility across schemas/history, with Apache Avro's Java checker"
 	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
 	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
@@ -93,6 +93,7 @@ lint: venv
 	@for f in effect_ledger/*; do ln -s "$(CURDIR)/$$f" .typecheck/effect_ledger/; done
 	@for d in schemas streams processors; do ln -s "$(CURDIR)/$$d" .typecheck/effect_ledger/$$d; done
 	@$(VENV)/bin/mypy
+	@bash scripts/lint-imports.sh
 
 # schemas/COMPATIBILITY.md, checked with the official Avro Java library (fetched from Maven Central).
 schemas-check: venv

@@ -6,10 +6,6 @@ raise it again on replay (DBOS), and process pools, pickle it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # for the annotation only: errors imports nothing of effect-ledger at run time
-    from effect_ledger.streams.admin import Drift
 
 
 class LedgerError(Exception):
@@ -243,7 +239,7 @@ class RegistryError(LedgerError):
 class TopicDrift(LedgerError):
     """A topic exists with settings other than the ones effect-ledger relies on (``check_topics``)."""
 
-    def __init__(self, drifts: Sequence[Drift]) -> None:
+    def __init__(self, drifts: Sequence[object]) -> None:  # streams.admin.Drift: errors imports nothing
         super().__init__("; ".join(str(d) for d in drifts) + " (see `effects topics check`)")
         self.drifts = drifts
 

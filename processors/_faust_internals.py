@@ -1,5 +1,5 @@
 """Every access to faust-streaming's private parts, in one place, pinned to the version they were
-read from. ``tests/unit/test_faust_internals.py`` has one test per access: an upgrade that moves any
+read from. ``tests/unit/processors/test_faust_internals.py`` has one test per access: an upgrade that moves any
 of them fails there, loudly, instead of somewhere in the processor.
 
 Why each is needed (faust 0.15.3 has no public way):

@@ -2,7 +2,7 @@
 
 ``compile_record(parsed_schema)`` returns a function from an object (read by attribute) to the
 schemaless Avro body, byte for byte what ``fastavro.schemaless_writer`` writes for the same values
-(``tests/unit/test_avro_writer.py`` checks every record type against fastavro), in a half to two
+(``tests/unit/streams/test_avro_writer.py`` checks every record type against fastavro), in a half to two
 thirds of the time of the codec's fastavro path (a dict of the fields, then a writer that walks
 the schema on every call): here one function generated from the schema, a few straight-line
 statements per field, reads the attributes (a third less again than a table of a small function

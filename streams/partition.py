@@ -5,7 +5,7 @@ timeout command and the table's changelog agree on a key's partition
 (``tests/integration/test_partitioning.py`` checks it against the broker).
 
 murmur2 is written out here rather than imported from aiokafka so that the base install (no Kafka
-client) can name a key's partition too. ``tests/unit/test_partition.py`` pins it to the Java
+client) can name a key's partition too. ``tests/unit/streams/test_partition.py`` pins it to the Java
 client's reference values and to aiokafka's function. Never change it: a key would move partition.
 """
 

@@ -1,6 +1,6 @@
 """What the operator tools must report about the known incident (``tests/incident.py``), as the
 audit's rows, and a helper that writes events into an embedded ledger file. Shared by
-``tests/unit/test_ops_embedded.py`` and ``tests/integration/test_ops_kafka.py``."""
+``tests/unit/ops/test_ops_embedded.py`` and ``tests/integration/test_ops_kafka.py``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The producer SDK's behaviour, written once for every backend.
 
 ``LedgerContract`` is an abstract base: a backend's test module subclasses it as ``Test<Backend>``
-and implements ``open_ledger`` (embedded mode: ``tests/unit/test_sdk_embedded.py``; a Kafka-mode
+and implements ``open_ledger`` (embedded mode: ``tests/unit/sdk/test_sdk_embedded.py``; a Kafka-mode
 backend opens its ledger the same way with ``kafka=...``). The base's name does not start with
 ``Test`` and this module is not a ``test_*.py`` file, so pytest never collects it on its own.
 

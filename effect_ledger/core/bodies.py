@@ -11,7 +11,7 @@
 The request digest (``request_digest``, the SHA-256 of the canonical request *as given*) is always
 computed from the full request and recorded, whatever the policy: the "same key, different
 request" check (``EffectConflict``) compares digests and keeps working. What is recorded in the
-intent (the file, ``effects.events``, reconcilers' work items) is ``stored``: with ``redact``,
+intent (the file, ``effects.events``, reconcilers' work items) is ``effect_ledger.sdk.bodies.stored``: with ``redact``,
 ``digest`` or ``encrypt`` the personal data never reaches ``effects.events``.
 
 A reconciler is shown the body as recorded: redacted fields read ``"effect_ledger.redacted"``; a
@@ -24,13 +24,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from effect_ledger.core.limits import CANONICAL_JSON, MAX_REQUEST_BYTES
-from effect_ledger.errors import EffectTooLarge, InvalidEffect
-
-if TYPE_CHECKING:
-    from effect_ledger.sdk.erasure import Keyring
+from effect_ledger.core.limits import CANONICAL_JSON
+from effect_ledger.errors import InvalidEffect
 
 REDACTED = "effect_ledger.redacted"
 WITHHELD = "effect_ledger.withheld"
@@ -68,13 +65,13 @@ class BodyPolicy:
                 raise ValueError(f"{p!r} is not a field path (names joined by dots: customer.email)")
 
 
-def _canonical(value: Any) -> str:
+def canonical_text(value: Any) -> str:
     return CANONICAL_JSON.encode(value)
 
 
 def redacted(value: Any, paths: tuple[str, ...]) -> Any:
     """``value`` with the value at each dotted path replaced by ``REDACTED`` (a copy)."""
-    out = json.loads(_canonical(value))
+    out = json.loads(canonical_text(value))
     for p in paths:
         _redact(out, p.split("."))
     return out
@@ -109,27 +106,6 @@ def subject_of(policy: BodyPolicy, effect_id: str, canonical: str) -> str:
     return str(node)
 
 
-async def stored(
-    policy: BodyPolicy, keyring: Keyring, effect_id: str, canonical: str, request_digest: str, now_ms: int
-) -> str:
-    """The request text to record in the intent under ``policy``."""
-    if policy.mode is BodyMode.FULL:
-        return canonical
-    if policy.mode is BodyMode.DIGEST:
-        return _canonical({WITHHELD: {"sha256": request_digest}})
-    if policy.mode is BodyMode.REDACT:
-        text = _canonical(redacted(json.loads(canonical), policy.redact))
-        size = len(text.encode())
-        if size > MAX_REQUEST_BYTES:  # many tiny redacted values can outgrow the request itself
-            raise EffectTooLarge("request (redacted)", size, MAX_REQUEST_BYTES)
-        return text
-    from effect_ledger.sdk import erasure
-
-    subject = subject_of(policy, effect_id, canonical)
-    kid, key = await keyring.key_for(subject, now_ms)
-    return erasure.seal(kid, key, effect_id, request_digest, canonical)
-
-
 def parse(body: dict[str, Any], fail: Any) -> BodyPolicy:
     """The policy of a target's TOML table (``body``, ``redact``, ``subject``); ``fail(msg, field)``
     builds the ``TargetsError``."""
@@ -152,18 +128,4 @@ def parse(body: dict[str, Any], fail: Any) -> BodyPolicy:
         raise fail(str(e), field) from None
 
 
-__all__ = ["BodyMode", "BodyPolicy", "REDACTED", "WITHHELD", "redacted", "stored", "subject_of", "parse"]
-
-
-async def readable_request(keyring: Keyring, effect_id: str, request: str, request_digest: str) -> Any:
-    """The request a reconciler is shown: a sealed body opened when ``keyring`` has its key (still
-    sealed once erased), any other body decoded as recorded."""
-    from effect_ledger.errors import BodyErased, MissingExtra
-    from effect_ledger.sdk import erasure
-
-    if erasure.is_sealed(request):
-        try:
-            return await erasure.open_body(keyring, effect_id, request, request_digest)
-        except (BodyErased, MissingExtra, InvalidEffect):
-            pass
-    return json.loads(request)
+__all__ = ["BodyMode", "BodyPolicy", "REDACTED", "WITHHELD", "redacted", "subject_of", "parse", "canonical_text"]

@@ -219,7 +219,7 @@ def absorb(effect: Effect | None, events: Sequence[Event]) -> tuple[Effect | Non
 def _settled(effect: Effect, executed: Event, receipt: Event) -> Effect | None:
     """The SDK's common outcome, without the fold: a successful call and the receipt it returned,
     on an effect that holds only the intent of their attempt. What ``_derive`` gives for those
-    three facts (``tests/unit/test_effect_properties.py`` checks it against the fold); None for
+    three facts (``tests/unit/core/test_effect_properties.py`` checks it against the fold); None for
     any other shape."""
     if len(effect.facts) != 1 or type(executed) is not Executed or type(receipt) is not Receipt:
         return None

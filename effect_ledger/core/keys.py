@@ -1,7 +1,7 @@
 """The effect key rule, and the canonical form of a request.
 
 NEVER CHANGE ``effect_key``. Keys are stored in ledgers and handed to destinations as idempotency
-keys; a different rule would turn a replay into a second effect. ``tests/unit/test_keys.py`` pins
+keys; a different rule would turn a replay into a second effect. ``tests/unit/core/test_keys.py`` pins
 vectors so that a change fails the build.
 """
 

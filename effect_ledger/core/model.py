@@ -1,7 +1,7 @@
 """The event model: one frozen dataclass per Avro record in ``schemas/``.
 
 Status names are defined here once (``State``, ``Outcome``, ...); the Avro enums must list the same
-symbols, which ``tests/unit/test_codec.py`` checks. Pure data: no I/O imports.
+symbols, which ``tests/unit/streams/test_codec.py`` checks. Pure data: no I/O imports.
 """
 
 from __future__ import annotations

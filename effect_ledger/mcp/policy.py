@@ -13,7 +13,7 @@ Write tools are declared in the targets file, beside the targets they write to, 
     timeout = "60s"                 # optional: the call's deadline (default 60s)
     tool_errors = "failed"          # optional: isError results mean "nothing happened" (or "uncertain")
 
-The key rule (``call_identity``) is pinned by ``tests/unit/test_mcp_policy.py``: NEVER CHANGE IT
+The key rule (``call_identity``) is pinned by ``tests/unit/mcp/test_mcp_policy.py``: NEVER CHANGE IT
 SILENTLY, a different rule turns a retried call into a second effect.
 """
 

@@ -5,7 +5,7 @@ prometheus-client is the ``[metrics]`` extra: it is imported only when metrics a
 ``MissingExtra`` names the extra to install. Each process builds one ``LedgerMetrics`` on a
 registry of its own (or the application's) and updates it where it already handles the events:
 no metric costs a query per event. ``METRICS`` is the table the README, the Grafana dashboard and
-the alert rules are checked against (tests/unit/test_metrics_ops.py).
+the alert rules are checked against (tests/unit/metrics/test_metrics_ops.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ import inspect
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.core import bodies
 from effect_ledger.core.deadlines import attempt_deadline_ms, call_deadline_ms
 from effect_ledger.core.effect import Effect, expire
 from effect_ledger.core.limits import bounded_text
@@ -62,7 +61,7 @@ from effect_ledger.errors import (
     StorageError,
     UnknownTarget,
 )
-from effect_ledger.sdk import crashpoints
+from effect_ledger.sdk import bodies, crashpoints
 from effect_ledger.sdk._workers import LocalWorker, owner_alive
 from effect_ledger.sdk.erasure import Keyring
 from effect_ledger.sdk.kafka import claims

@@ -39,7 +39,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from effect_ledger._extras import require
-from effect_ledger.core import bodies
 from effect_ledger.core.effect import Effect, decision_refusal, expire
 from effect_ledger.core.keys import (
     DEFAULT_NAMESPACE,
@@ -61,6 +60,7 @@ from effect_ledger.errors import (
     TargetsError,
     UnknownEffect,
 )
+from effect_ledger.sdk import bodies
 from effect_ledger.sdk._executor import Call, Executor
 from effect_ledger.sdk._wrap import keyed
 from effect_ledger.sdk.erasure import FileKeyring, Keyring

@@ -15,7 +15,7 @@ from effect_ledger.console.source import Source
 from tests.console_server import serve
 from tests.integration.test_ops_kafka import Setup, setup  # noqa: F401  (the module's fixture)
 from tests.topic_io import Record, TopicReader
-from tests.unit.test_console_api import call, get_json
+from tests.unit.console.test_console_api import call, get_json
 
 pytestmark = pytest.mark.integration
 TOKEN = "kafka-console-token"

@@ -134,7 +134,8 @@ def state_row(st: EffectState) -> dict[str, Any]:
 
 def effect_row(effect: Effect) -> dict[str, Any]:
     """The ``effects`` row of a folded effect: its state record's row, ``state_row(to_state(effect))``
-    (``tests/unit/test_effect_properties.py`` checks that), built without the state record on the SDK's hot path."""
+    (``tests/unit/core/test_effect_properties.py`` checks that), built without the state record on the
+    SDK's hot path."""
     i = effect.first_intent
     receipt = effect.receipt
     return {

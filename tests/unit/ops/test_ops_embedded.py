@@ -49,7 +49,7 @@ from effect_ledger.sdk.ledger import Confirmation, Ledger
 from tests.incident import EXPECTED, Incident, incident
 from tests.ops_expected import CHECKS, checks_of, expected_checks, expected_targets, now_ms, write_ledger
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

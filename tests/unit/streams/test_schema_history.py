@@ -242,7 +242,7 @@ def test_the_codec_accepts_every_released_writer() -> None:
 def test_official_java_checker_agrees() -> None:
     """``make schemas-check``: Apache Avro's own SchemaCompatibility over every pair, and Java's
     parsingFingerprint64 equal to ours."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     run = subprocess.run(
         ["bash", str(root / "scripts/schemas-check.sh")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable},

@@ -22,7 +22,7 @@ import pytest
 from effect_ledger.core.keys import effect_key
 from effect_ledger.demo.gateway import Gateway
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOOD = '[targets.payments]\nlookup = "none"\n'
 BAD = '[targets.payments]\nlookup = "none"\nhonors_keys = true\n'  # a misspelt setting, line 3
 

@@ -15,7 +15,7 @@ from effect_ledger.errors import DecodeError, RegistryError
 from effect_ledger.streams.codec import Codec, schema_fingerprint
 from effect_ledger.streams.registry import RegistryClient
 from tests.registry_server import RegistryServer
-from tests.unit.test_codec import SAMPLES
+from tests.unit.streams.test_codec import SAMPLES
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from effect_ledger.ops.views import Row
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXIT_FOUND, EXIT_PAGE_FAILED = 3, 4
 
 

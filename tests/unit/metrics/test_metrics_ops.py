@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from effect_ledger.metrics.names import METRICS, LedgerMetrics, exported_names, markdown_table
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DASHBOARD = ROOT / "ops" / "grafana" / "effect-ledger.json"
 ALERTS = ROOT / "ops" / "prometheus" / "alerts.yml"
 NAME = re.compile(r"\beffect_ledger_[a-z0-9_]+")

@@ -229,9 +229,9 @@ def test_effects_erase_cli(tmp_path: Path) -> None:
 
 
 def test_a_redacted_body_is_bounded_like_the_request() -> None:
-    from effect_ledger.core.bodies import stored
     from effect_ledger.core.keys import canonical_request
     from effect_ledger.errors import EffectTooLarge
+    from effect_ledger.sdk.bodies import stored
 
     # Twenty-five thousand one-character e-mails: within the request limit, but their redaction is not.
     canonical, digest = canonical_request({"to": [{"e": "x"} for _ in range(25_000)]})

@@ -32,7 +32,7 @@ from effect_ledger.core.model import (
 from effect_ledger.processors import table_value
 from effect_ledger.processors.table_value import TableValueTooLarge, decode, encode, slim
 from effect_ledger.streams.codec import default_codec
-from tests.unit.test_effect_properties import histories
+from tests.unit.core.test_effect_properties import histories
 
 KEY = "payments:k"
 T = 1_700_000_000_000

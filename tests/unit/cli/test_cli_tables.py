@@ -17,7 +17,7 @@ from effect_ledger.cli import _shared as cli_shared
 from tests.incident import incident
 from tests.ops_expected import now_ms, write_ledger
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KEY = "payments:" + "0123456789abcdef" * 4  # as long as a real effect id (target + sha256 hex)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from effect_ledger.ops.assess import MAX_LINE_BYTES, AssessError, assess, field_paths, read_lines
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 
 

@@ -1,0 +1,63 @@
+"""The walls between the rooms are checked, not hoped for: ``scripts/lint-imports.sh`` (run by
+``make lint``) keeps every import-linter contract on this tree, and fails when a wall is broken on
+purpose in a copy of it: the pure core importing the SDK, the streams room importing faust, the
+store importing the SDK above it, an app importing another app."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "lint-imports.sh"
+LINTER = Path(sys.executable).parent / "lint-imports"
+
+
+def walls(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "LINT_IMPORTS": str(LINTER)}
+    return subprocess.run(["bash", str(SCRIPT), str(root)], capture_output=True, text=True, env=env, timeout=120)
+
+
+def copy_of_tree(tmp_path: Path) -> Path:
+    for name in ("effect_ledger", "schemas", "streams", "processors"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_this_tree_keeps_every_wall() -> None:
+    out = walls(ROOT)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 broken" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("effect_ledger/core/effect.py", "import effect_ledger.sdk.ledger", "Rooms are layered"),
+        ("effect_ledger/core/plan.py", "import sqlite3", "The core is pure"),
+        ("streams/codec.py", "import faust", "The streams room is the topics"),
+        ("effect_ledger/sdk/store/tables.py", "import effect_ledger.sdk.erasure", "The ledger file's store"),
+        ("effect_ledger/mcp/wire.py", "import effect_ledger.console.app", "Rooms are layered"),
+        ("processors/processor.py", "import aiokafka", "aiokafka, under faust"),
+    ],
+    ids=[
+        "core-imports-sdk",
+        "core-does-io",
+        "streams-imports-faust",
+        "store-imports-sdk",
+        "app-imports-app",
+        "aiokafka",
+    ],
+)
+def test_a_wall_broken_on_purpose_fails(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    root = copy_of_tree(tmp_path)
+    path = root / module
+    path.write_text(path.read_text() + f"\n{line}  # a wall broken on purpose\n")
+    out = walls(root)
+    assert out.returncode != 0
+    assert f"{contract}" in out.stdout and "BROKEN" in out.stdout, out.stdout
