@@ -61,3 +61,23 @@ def test_a_wall_broken_on_purpose_fails(tmp_path: Path, module: str, line: str, 
     out = walls(root)
     assert out.returncode != 0
     assert f"{contract}" in out.stdout and "BROKEN" in out.stdout, out.stdout
+
+
+def test_every_room_says_what_it_holds_and_the_readme_lists_it() -> None:
+    """Each package folder's ``__init__`` docstring says what lives there and what it may import, and
+    the README's layout block names the folder."""
+    import ast
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    rooms = sorted(
+        p.parent
+        for top in ("effect_ledger", "streams", "processors")
+        for p in (ROOT / top).rglob("__init__.py")
+        if p.parent != ROOT / "effect_ledger"
+    )
+    assert len(rooms) >= 14
+    for room in rooms:
+        doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
+        assert "import" in doc.lower(), f"{room.relative_to(ROOT)}/__init__.py does not say what it may import"
+        assert f"{room.name}/" in block, f"README's layout does not list {room.relative_to(ROOT)}/"
