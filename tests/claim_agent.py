@@ -2,6 +2,7 @@
 benchmark (tests/bench/claims.py): its own ledger file, Kafka mode with ``sync=True`` and a lookup,
 a refund target on a real HTTP gateway. It reads one key per line on stdin, executes it (a POST to
 the gateway with the key) and prints one JSON line per key: the outcome and how long it took.
+``execute KEY TAG`` puts TAG in the request, so two hosts can race on one key with different requests.
 
     python -m tests.claim_agent DB BOOTSTRAP PREFIX PARTITIONS LOOKUP_URL GATEWAY_URL
 """
@@ -16,7 +17,7 @@ import urllib.request
 from typing import Any
 
 from effect_ledger.core.reconcile import Target
-from effect_ledger.errors import EffectInProgress, LedgerError
+from effect_ledger.errors import EffectConflict, EffectInProgress, LedgerError
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
 
@@ -40,7 +41,9 @@ async def main(db: str, bootstrap: str, prefix: str, partitions: int, lookup: st
             line = await asyncio.to_thread(sys.stdin.readline)
             if not line.strip():
                 return
-            op, _, key = line.strip().partition(" ")
+            op, _, rest = line.strip().partition(" ")
+            key, _, tag = rest.partition(" ")
+            request = {"order": key, "amount": tag} if tag else {"order": key}
             t0 = time.perf_counter()
             out: dict[str, Any] = {"key": key}
             try:
@@ -49,10 +52,14 @@ async def main(db: str, bootstrap: str, prefix: str, partitions: int, lookup: st
                     out["outcome"] = "looked-up"
                 else:
                     c = await ledger.execute(
-                        target="payments", operation="refund.create", key=key, request={"order": key},
+                        target="payments", operation="refund.create", key=key, request=request,
                         call=lambda k: asyncio.to_thread(refund, gateway, k), timeout=30,
                     )  # fmt: skip
                     out["outcome"] = "called" if c.called else "recorded"
+                    out["receipt"] = c.receipt_id
+            except EffectConflict as e:
+                out["outcome"] = "conflict"
+                out["reason"] = str(e)
             except EffectInProgress as e:
                 out["outcome"] = "in-progress"
                 out["reason"] = e.reason

@@ -168,13 +168,27 @@ def after_answer(
 
 def _conflict(effect: Effect, spec: CallSpec) -> EffectConflict | None:
     """The same key with another request (or another target or operation) is a conflict."""
+    return conflict_with(effect, spec.target, spec.operation, spec.digest, spec.canonical)
+
+
+def conflict_with(
+    effect: Effect, target: str, operation: str, request_digest: str, canonical: str | None = None
+) -> EffectConflict | None:
+    """Whether a call of ``target``/``operation`` with this request conflicts with what the key was
+    first used for: its owning first intent (a lost claim's intent never owns it). Every path that
+    could hand a caller a receipt asks this first (the plan, a claim settled by the log), so a
+    caller whose request differs from the winner's gets ``EffectConflict``, never another's receipt.
+    ``canonical`` names a call of another target or operation by the digest of all three (the
+    request's own digest when it is not given)."""
     first = effect.first_intent
     if first is None:
         return None
-    same_call = first.target == spec.target and first.operation == spec.operation
-    if first.request_digest == spec.digest and same_call:
+    same_call = first.target == target and first.operation == operation
+    if first.request_digest == request_digest and same_call:
         return None
-    given = spec.digest if same_call else digest(f"{spec.target}\0{spec.operation}\0{spec.canonical}")
+    given = request_digest
+    if not same_call and canonical is not None:
+        given = digest(f"{target}\0{operation}\0{canonical}")
     return EffectConflict(effect.effect_id, first.request_digest, given)
 
 
@@ -188,5 +202,6 @@ __all__ = [
     "Refuse",
     "ReturnReceipt",
     "after_answer",
+    "conflict_with",
     "plan",
 ]

@@ -29,6 +29,7 @@ from typing import Any
 
 from effect_ledger.core.effect import Effect, claim_of, fold
 from effect_ledger.core.model import Event, Intent, State
+from effect_ledger.core.plan import conflict_with
 from effect_ledger.errors import EffectInProgress, LedgerUnavailable
 from effect_ledger.sdk.kafka.lookup import FoldedThrough, ProcessorLookup
 from effect_ledger.sdk.store.sqlite import ClaimOp, Store, VersionConflict
@@ -159,6 +160,12 @@ async def settle(
             before = (await store.load(key)).effect
     else:
         raise EffectInProgress(key, "could not record the claim verdict: the effect kept changing")
+    if not mine:
+        # The winner's request decides what the key means: a caller with another request gets a
+        # conflict, whatever the winner's state, and never the winner's receipt.
+        conflict = conflict_with(effect, intent.target, intent.operation, intent.request_digest)
+        if conflict is not None:
+            raise conflict
     if mine or effect.state is State.CONFIRMED:
         return effect
     verdict = claim_of(effect, intent.attempt)
