@@ -63,6 +63,16 @@ def show(value: object, width: int = 60) -> str:
     return text if len(text) <= width + 4 else text[:width] + "…"
 
 
+def error_text(e: BaseException, limit: int = 256) -> str:
+    """``TypeName: message`` of an exception raised by someone else's code, bounded; its own
+    ``__str__`` may raise too, and an error about a value must not become a second error."""
+    try:
+        message = str(e)
+    except Exception:
+        message = "<str() raised>"
+    return f"{type(e).__name__}: {bounded_text(message, limit)}"
+
+
 def check_text(kind: str, value: object, limit: int = MAX_TEXT_BYTES) -> str:
     """A non-empty string that UTF-8 can encode (no lone surrogate), at most ``limit`` bytes.
     ``InvalidEffect`` otherwise (``EffectTooLarge`` for the size)."""
@@ -104,8 +114,11 @@ def receipt_text(value: Any) -> tuple[str, str | None]:
     try:
         text = CANONICAL_JSON.encode(value)
         size = len(text) if text.isascii() else len(text.encode())
-    except (TypeError, ValueError, RecursionError) as e:  # UnicodeEncodeError is a ValueError
-        why = f"not JSON: {type(e).__name__}: {bounded_text(str(e), 256)}"
+    # Not only TypeError, ValueError (UnicodeEncodeError) and RecursionError: encoding runs the
+    # value's own code (a mapping's items(), a __str__ of a key), and whatever that raises, the
+    # call has happened and must be recorded.
+    except Exception as e:
+        why = f"not JSON: {error_text(e)}"
         return _not_json(value, why), why
     if size > MAX_RECEIPT_BYTES:
         data = text.encode()
@@ -144,13 +157,17 @@ def _approximate(value: Any) -> Any:
             if len(text.encode()) > MAX_RECEIPT_BYTES // 2:
                 return None
             return json.loads(text)
-        except (TypeError, ValueError, RecursionError):
+        except Exception:  # circular, unsortable, or the value's own str()/items() raising
             continue
     return None
 
 
 def _marker(original: Any, why: str, **extra: Any) -> str:
-    body = {"reason": bounded_text(why, 512), "type": bounded_text(type(original).__qualname__, 256), **extra}
+    try:
+        kind = str(type(original).__qualname__)
+    except Exception:  # a metaclass's own __qualname__ can raise too
+        kind = "?"
+    body = {"reason": bounded_text(why, 512), "type": bounded_text(kind, 256), **extra}
     return json.dumps({INEXACT: body}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from effect_ledger.core.effect import Effect
-from effect_ledger.core.limits import MAX_RECEIPT_ID_BYTES, bounded_text, check_text, digest_id, receipt_text
+from effect_ledger.core.limits import MAX_RECEIPT_ID_BYTES, check_text, digest_id, error_text, receipt_text
 from effect_ledger.core.model import INEXACT_PREFIX, ReceiptSource
 from effect_ledger.core.reconcile import Target
 
@@ -99,7 +99,7 @@ def receipt_of(target: Target, value: Any) -> tuple[str, str, str | None]:
             return digest_id(text), text, problem
         rid = check_text("receipt id", str(rid), MAX_RECEIPT_ID_BYTES)
     except Exception as e:  # the target's function, a str() or a lookup that raises
-        why = f"receipt id not found ({type(e).__name__}: {bounded_text(str(e), 256)}); using the value's digest"
+        why = f"receipt id not found ({error_text(e)}); using the value's digest"
         return digest_id(text), text, f"{problem}; {why}" if problem else why
     return rid, text, problem
 

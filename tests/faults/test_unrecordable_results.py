@@ -50,6 +50,40 @@ def a_datetime() -> Any:
     return {"id": "re_dt", "at": datetime.datetime(2024, 1, 2, 3, 4, 5)}
 
 
+class Hostile:
+    """Every way of looking at it raises: repr, str, and what JSON encoding would call."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+class HostileDict(dict):  # type: ignore[type-arg]
+    """A mapping whose items, repr and str raise (JSON encoding walks items())."""
+
+    def items(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no items")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    __str__ = __repr__
+
+
+def repr_raises() -> Any:
+    return Hostile()
+
+
+def inside_raises() -> Any:
+    return {"id": "re_hostile", "who": Hostile()}
+
+
+def iteration_raises() -> Any:
+    return HostileDict(id="re_hd")
+
+
 class Returning:
     def __init__(self, make: Callable[[], Any]) -> None:
         self.make = make
@@ -106,6 +140,36 @@ def test_unrecordable_call_result_is_confirmed_flagged_and_never_called_again(
             assert not again.called and not again.exact and again.receipt_id == c.receipt_id
             assert again.value == json.loads(effect.receipt.value)
             assert dest.calls == [KEY]
+        finally:
+            await ledger.close()
+
+    run(body())
+
+
+@pytest.mark.parametrize("make", [repr_raises, inside_raises, iteration_raises], ids=["repr", "inside", "items"])
+def test_a_result_whose_repr_or_str_raises_is_recorded_not_left_pending(
+    tmp_path: Path, make: Callable[[], Any]
+) -> None:
+    """A successful call returning something whose repr, str or items() raise: the outcome is
+    recorded (CONFIRMED, flagged inexact) and the caller gets ReceiptNotRecordable, never a bare
+    RuntimeError with the call left PENDING (the next execute would then reconcile, not return)."""
+    path = str(tmp_path / "effects.db")
+    dest = Returning(make)
+
+    async def body() -> None:
+        ledger = await Ledger.open(path, targets=[Target(TARGET)], clock=FakeClock())
+        try:
+            with pytest.raises(LedgerError) as ei:
+                await execute(ledger, dest)
+            assert isinstance(ei.value, errors.ReceiptNotRecordable), repr(ei.value)
+            effect = await ledger.get(KEY)
+            assert effect is not None and effect.state is State.CONFIRMED
+            assert Flag.INEXACT_RECEIPT in effect.flags
+            assert event_kinds(path, KEY) == ["Intent", "Executed", "Receipt"]
+            stored = json.loads(effect.receipt.value)["effect_ledger.inexact"]  # type: ignore[union-attr]
+            assert stored["type"] in ("Hostile", "dict", "HostileDict") and stored["reason"]
+            again = await execute(ledger, dest)
+            assert not again.called and dest.calls == [KEY]
         finally:
             await ledger.close()
 
