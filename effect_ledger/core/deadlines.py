@@ -1,20 +1,36 @@
-"""Deadlines, computed in one place: when an attempt's call must stop, the latest such deadline
-of an attempt, and until when a call cut off at its deadline may still land at the destination.
+"""Deadlines, computed in one place, on the log's time.
 
-Pure: every time is an argument (epoch milliseconds). The fold (``core.effect``), the per-call
-plan and its executor, reconciliation verdicts (``core.reconcile``) and people's decisions all ask
-these functions, so the rule for "may it still land?" is written once.
+A writer's clock is a claim it makes about itself: every event keeps its writer's ``at_ms`` as
+data, and nothing compares one writer's time with another's. A deadline travels as a *duration*
+(an intent's ``deadline_ms - at_ms``: both from the same clock, so that clock's offset cancels)
+and starts at the point the log fixed for the intent: its log time (``log_of``), the broker's
+append time in Kafka mode, the ledger file's one clock in embedded mode (where the two agree).
+
+Pure: every time is an argument (epoch milliseconds); ``log_of(fact)`` is supplied by the fold
+(``core.effect.log_time``). The fold, the per-call plan and its executor, reconciliation verdicts
+and people's decisions all ask these functions, so "may the call still land?" is written once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from effect_ledger.core.model import Intent
+from effect_ledger.core.model import Executed, Intent
 
 #: How long after an attempt's call deadline a person may first declare it ABSENT, and a target's
 #: default ``lands_within_s``: a call cut off at its deadline can still be on its way.
 DECISION_GRACE_MS = 2_000
+
+#: The longest duration a deadline may claim (an intent's timeout, a receipt's wait): a week. A
+#: longer or negative one from a writer is clamped, so no writer can push a deadline out of reach.
+MAX_DURATION_MS = 7 * 86_400_000
+
+LogOf = Callable[[Any], int]  # a fact -> when the log took it
+
+
+def _at(fact: Any) -> int:
+    return fact.at_ms  # type: ignore[no-any-return]
 
 
 def call_deadline_ms(start_ms: int, timeout_s: float) -> int:
@@ -22,19 +38,40 @@ def call_deadline_ms(start_ms: int, timeout_s: float) -> int:
     return start_ms + int(timeout_s * 1000)
 
 
-def attempt_deadlines(facts: Iterable[object]) -> dict[int, int]:
+def duration_ms(start_ms: int, end_ms: int) -> int:
+    """A writer's claimed duration (two times from its one clock), clamped to [0, MAX_DURATION_MS]."""
+    return min(max(end_ms - start_ms, 0), MAX_DURATION_MS)
+
+
+def intent_deadline_ms(intent: Intent, log_of: LogOf = _at) -> int:
+    """When an intent's call must have stopped, on the log's time: its log time plus its timeout."""
+    return log_of(intent) + duration_ms(intent.at_ms, intent.deadline_ms)
+
+
+def receipt_deadline_ms(executed: Executed, log_of: LogOf = _at) -> int | None:
+    """When an OK call's missing receipt makes the effect uncertain, on the log's time (None: the
+    intent's deadline applies)."""
+    if executed.receipt_deadline_ms is None:
+        return None
+    return log_of(executed) + duration_ms(executed.at_ms, executed.receipt_deadline_ms)
+
+
+def attempt_deadlines(facts: Iterable[object], log_of: LogOf = _at) -> dict[int, int]:
     """The call deadline of every attempt with a known intent: the latest among its intents (a lost
-    claim's intent may carry a later one)."""
+    claim's intent may carry a later one), on the log's time."""
     out: dict[int, int] = {}
     for f in facts:
         if isinstance(f, Intent):
-            out[f.attempt] = max(f.deadline_ms, out.get(f.attempt, f.deadline_ms))
+            d = intent_deadline_ms(f, log_of)
+            out[f.attempt] = max(d, out.get(f.attempt, d))
     return out
 
 
-def attempt_deadline_ms(facts: Iterable[object], attempt: int) -> int | None:
+def attempt_deadline_ms(facts: Iterable[object], attempt: int, log_of: LogOf = _at) -> int | None:
     """The call deadline of ``attempt`` (see ``attempt_deadlines``); None when no intent of it is known."""
-    return max((f.deadline_ms for f in facts if isinstance(f, Intent) and f.attempt == attempt), default=None)
+    return max(
+        (intent_deadline_ms(f, log_of) for f in facts if isinstance(f, Intent) and f.attempt == attempt), default=None
+    )
 
 
 def may_still_land_until_ms(deadline_ms: int | None, lands_within_ms: int) -> int:
@@ -44,5 +81,6 @@ def may_still_land_until_ms(deadline_ms: int | None, lands_within_ms: int) -> in
 
 
 __all__ = [
-    "DECISION_GRACE_MS", "call_deadline_ms", "attempt_deadlines", "attempt_deadline_ms", "may_still_land_until_ms",
+    "DECISION_GRACE_MS", "MAX_DURATION_MS", "call_deadline_ms", "duration_ms", "intent_deadline_ms",
+    "receipt_deadline_ms", "attempt_deadlines", "attempt_deadline_ms", "may_still_land_until_ms",
 ]  # fmt: skip

@@ -19,7 +19,13 @@ records for that attempt do not decide the state (its agent did not call; a succ
 reports anyway still counts as an execution, and is flagged as a duplicate). Without a verdict
 (embedded mode) every intent counts, as before.
 
-Time is an argument (``expire(effect, now_ms)``); nothing here reads a clock or does I/O.
+Time is an argument (``expire(effect, now_ms)``); nothing here reads a clock or does I/O. Time is
+data, not authority: every event keeps its writer's ``at_ms``, and every comparison of times uses
+the time the log took each fact (``log_time``): the broker's append time in Kafka mode, recorded by
+the processor as it folds (``apply(effect, event, log_ms)``), the file's one clock in embedded mode
+(where it is ``at_ms``). A deadline is a duration from its intent's log time (``core.deadlines``).
+An ABSENT decision or answer logged before its attempt's call deadline changes nothing (flagged);
+a timeout command logged before its deadline is not admitted at all, so the next one can be.
 
 How the state is derived (first rule that matches wins)::
 
@@ -29,9 +35,10 @@ How the state is derived (first rule that matches wins)::
       ABANDONED decision                                       -> ABANDONED
       executed FAILED (a definitive rejection)                 -> FAILED
       ABSENT decision or ABSENT resolution                     -> ABSENT
-        (an ABSENT decision counts only if it was made at or after the attempt's call
-        deadline: before it the call may still land, and "absent" would let a second
-        execution run; an earlier one is kept as a fact, flagged DECISION_IGNORED)
+        (an ABSENT decision or answer counts only if the log took it at or after the
+        attempt's call deadline: before it the call may still land, and "absent" would let a
+        second execution run; an earlier one is kept as a fact, flagged DECISION_IGNORED or
+        ANSWER_IGNORED)
       ESCALATE resolution                                      -> ESCALATED
       executed OK, receipt deadline passed (RECEIPT timeout)   -> UNCERTAIN
       executed OK                                              -> EXECUTED
@@ -42,7 +49,7 @@ How the state is derived (first rule that matches wins)::
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -51,7 +58,9 @@ from effect_ledger.core.deadlines import (
     DECISION_GRACE_MS,
     attempt_deadline_ms,
     attempt_deadlines,
+    intent_deadline_ms,
     may_still_land_until_ms,
+    receipt_deadline_ms,
 )
 from effect_ledger.core.model import (
     IN_FLIGHT_STATES,
@@ -111,10 +120,13 @@ class Effect:
     receipt_ids: tuple[str, ...]
     executions: int
     flags: tuple[Flag, ...]
-    deadline_ms: int | None  # when an open attempt becomes uncertain (None when not open)
-    created_ms: int
+    deadline_ms: int | None  # when an open attempt becomes uncertain, on the log's time (None when not open)
+    created_ms: int  # the log times of the first and latest facts
     updated_ms: int
     reason: str | None
+    # When the log took each fact whose log time differs from its writer's at_ms: (event_id, ms),
+    # sorted. Kafka mode: the broker's append time; empty in embedded mode (the file's one clock).
+    logged: tuple[tuple[str, int], ...] = ()
 
     @property
     def version(self) -> int:
@@ -125,29 +137,46 @@ class Effect:
         """Whether the event with this id is already among the facts (a redelivery is a no-op)."""
         return any(f.event_id == event_id for f in self.facts)
 
+    def log_time(self, fact: Event) -> int:
+        """When the log took ``fact``: its recorded log time, else its writer's ``at_ms``."""
+        if self.logged:
+            for eid, ms in self.logged:
+                if eid == fact.event_id:
+                    return ms
+        return fact.at_ms
+
     @property
     def resolutions(self) -> list[Resolution]:
         """The reconcilers' answers for this key, every attempt, in canonical order."""
         return [f for f in self.facts if isinstance(f, Resolution)]
 
 
-def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainEffect, ...]]:
+def apply(effect: Effect | None, event: Event, log_ms: int | None = None) -> tuple[Effect, tuple[UncertainEffect, ...]]:
     """Fold one event into an effect. Returns the new effect and what the change emits: an
     ``UncertainEffect`` when the effect has just become uncertain. An event already known returns
     the effect unchanged and emits nothing. Anything that is not an event (an ``EffectState``, an
-    ``UncertainEffect``, a ``DeadLetter``) raises ``TypeError``: it is never a fact."""
+    ``UncertainEffect``, a ``DeadLetter``) raises ``TypeError``: it is never a fact.
+
+    ``log_ms``: when the log took the event (Kafka mode: its record's append time); None when the
+    writer's clock is the log's (embedded mode). A timeout command the log took before the deadline
+    it enforces is not admitted (returned unchanged): whoever sent it early sends it again."""
     if not is_event(event):
         raise TypeError(f"{type(event).__name__} is not an event and cannot be folded")
+    logged = effect.logged if effect is not None else ()
     if effect is not None:
         if event.effect_id != effect.effect_id:
             raise ValueError(f"event for {event.effect_id!r} applied to effect {effect.effect_id!r}")
         if effect.has(event.event_id):
             return effect, ()
+        if type(event) is Timeout and log_ms is not None and _early_timeout(effect, event, log_ms):
+            return effect, ()
         facts = list(effect.facts)
         bisect.insort(facts, event, key=_sort_key)
     else:
         facts = [event]
-    new = _derive(event.effect_id, tuple(facts))
+    if log_ms is not None and log_ms != event.at_ms:
+        logged = tuple(sorted((*logged, (event.event_id, log_ms))))
+    new = _derive(event.effect_id, tuple(facts), logged)
     emitted: tuple[UncertainEffect, ...] = ()
     # Reconcilers need the intent (target, request) to ask anyone: emit once the effect is
     # uncertain *and* its intent is known, whichever came last.
@@ -161,6 +190,17 @@ def apply(effect: Effect | None, event: Event) -> tuple[Effect, tuple[UncertainE
         if not was_actionable:
             emitted = (uncertain_event(new),)
     return new, emitted
+
+
+def _early_timeout(effect: Effect, timeout: Timeout, log_ms: int) -> bool:
+    """A timeout of the open attempt that the log took before that attempt's deadline (on the log's
+    time): its sender's clock ran ahead. Other timeouts change nothing either way."""
+    return (
+        effect.deadline_ms is not None
+        and timeout.attempt == effect.attempt
+        and effect.state in IN_FLIGHT_STATES
+        and log_ms < effect.deadline_ms
+    )
 
 
 def begin(intent: Intent) -> Effect:
@@ -177,7 +217,7 @@ def begin(intent: Intent) -> Effect:
         receipt_ids=(),
         executions=0,
         flags=(),
-        deadline_ms=intent.deadline_ms,
+        deadline_ms=intent_deadline_ms(intent),
         created_ms=intent.at_ms,
         updated_ms=intent.at_ms,
         reason=None,
@@ -208,12 +248,12 @@ def absorb(effect: Effect | None, events: Sequence[Event]) -> tuple[Effect | Non
         return effect, new
     if effect is None and len(new) == 1 and type(new[0]) is Intent:
         return begin(new[0]), new
-    if effect is not None and len(new) == 2:
+    if effect is not None and len(new) == 2 and not effect.logged:
         settled = _settled(effect, new[0], new[1])
         if settled is not None:
             return settled, new
     facts = sorted((*effect.facts, *new) if effect is not None else new, key=_sort_key)
-    return _derive(new[0].effect_id, tuple(facts)), new
+    return _derive(new[0].effect_id, tuple(facts), effect.logged if effect is not None else ()), new
 
 
 def _settled(effect: Effect, executed: Event, receipt: Event) -> Effect | None:
@@ -254,6 +294,21 @@ def fold(events: list[Event] | tuple[Event, ...], effect: Effect | None = None) 
     for e in events:
         effect, _ = apply(effect, e)
     return effect
+
+
+def with_log_times(effect: Effect, logged: dict[str, int]) -> Effect:
+    """``effect`` with the log times another log recorded for its facts (the processor's, merged
+    into an agent's file): they replace the writer's ``at_ms`` in every comparison of times."""
+    known = {f.event_id for f in effect.facts}
+    merged = dict(effect.logged)
+    merged.update((eid, ms) for eid, ms in logged.items() if eid in known)
+    for f in effect.facts:
+        if merged.get(f.event_id) == f.at_ms:
+            del merged[f.event_id]
+    pairs = tuple(sorted(merged.items()))
+    if pairs == effect.logged:
+        return effect
+    return _derive(effect.effect_id, effect.facts, pairs)
 
 
 def expire(effect: Effect, now_ms: int) -> list[Timeout]:
@@ -318,15 +373,20 @@ def uncertain_event(effect: Effect) -> UncertainEffect:
         request=i.request if i else "",
         request_digest=i.request_digest if i else "",
         reason=effect.reason or "uncertain",
-        intent_at_ms=first.at_ms if first else effect.created_ms,
-        # The attempt's latest deadline: a lost claim's intent may carry a later one, and its call
-        # may still land until then (reconcilers judge "absent" against it).
-        deadline_ms=attempt_deadline_ms(effect.facts, effect.attempt) or (i.deadline_ms if i else effect.created_ms),
+        intent_at_ms=effect.log_time(first) if first else effect.created_ms,
+        # The attempt's latest deadline on the log's time: a lost claim's intent may carry a later
+        # one, and its call may still land until then (reconcilers judge "absent" against it).
+        deadline_ms=attempt_deadline(effect, effect.attempt) or effect.created_ms,
         tries=tries,
         executed=any(
             isinstance(f, Executed) and f.outcome is Outcome.OK and f.attempt == effect.attempt for f in effect.facts
         ),
     )
+
+
+def attempt_deadline(effect: Effect, attempt: int) -> int | None:
+    """The call deadline of ``attempt`` on the log's time (None: no intent of it is known)."""
+    return attempt_deadline_ms(effect.facts, attempt, effect.log_time)
 
 
 class Refusal(NamedTuple):
@@ -340,16 +400,18 @@ def decision_refusal(
     effect: Effect, decision: DecisionKind, now_ms: int, grace_ms: int = DECISION_GRACE_MS
 ) -> Refusal | None:
     """Whether a person may record ``decision`` on ``effect`` at ``now_ms`` (None: they may).
+    ``now_ms`` is on the log's time (``Ledger.decide`` passes the log's time when it knows it).
 
     ABSENT tells agents that the effect never happened, so the next ``execute`` runs it again. It is
     refused while the current attempt may still be in flight: its state is PENDING or EXECUTED (the
     ledger itself still waits for it), or its call deadline plus ``grace_ms`` has not passed (a call
     cut off or lost may land at the destination until then), or no intent of the attempt is known
-    (nothing tells when it would stop). The fold applies the same rule to the decision's own time,
-    so a decision written past this check changes nothing either."""
+    (nothing tells when it would stop). The fold applies the same rule to the time the log took the
+    decision, so a decision written past this check, or stamped with a clock that runs ahead,
+    changes nothing either."""
     if decision is not DecisionKind.ABSENT:
         return None
-    deadline = attempt_deadline_ms(effect.facts, effect.attempt)
+    deadline = attempt_deadline(effect, effect.attempt)
     if deadline is None:
         return Refusal(f"no intent of attempt {effect.attempt} is known: nothing says when its call would stop", None)
     until = may_still_land_until_ms(deadline, grace_ms)
@@ -415,19 +477,31 @@ def _evidence_of(f: Event) -> Evidence | None:
     return None
 
 
-def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
+def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, int], ...] = ()) -> Effect:
     # One pass (this runs for every event folded). Facts are sorted by attempt first, so the
     # latest attempt's facts are the tail of the tuple.
+    if logged:
+        times = dict(logged)
+
+        def log_of(f: Event) -> int:
+            return times.get(f.event_id, f.at_ms)
+
+    else:
+
+        def log_of(f: Event) -> int:
+            return f.at_ms
+
     attempt = facts[-1].attempt
     intents: list[Intent] = []
     claims: dict[int, Claimed] = {}
     evidence: list[Evidence] = []
     absent_decisions: list[Decision] = []
+    absent_answers: list[Resolution] = []
     ok_execs = 0
-    created = updated = facts[0].at_ms
+    created = updated = log_of(facts[0])
     first_latest = len(facts)
     for i, f in enumerate(facts):
-        at = f.at_ms
+        at = log_of(f) if logged else f.at_ms
         if at < created:
             created = at
         elif at > updated:
@@ -447,6 +521,8 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
                 evidence.append(ev)
             elif isinstance(f, Decision) and f.decision is DecisionKind.ABSENT:
                 absent_decisions.append(f)
+            elif isinstance(f, Resolution) and f.verdict is Verdict.ABSENT:
+                absent_answers.append(f)
     latest = facts[first_latest:]
     owned, lost = intents, False
     if claims:
@@ -469,12 +545,17 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         flags.append(Flag.LOST_CLAIM)
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
-    deadlines = attempt_deadlines(intents) if absent_decisions else {}  # only ABSENT decisions need them
-    early = [d for d in absent_decisions if _early_absent(d, deadlines)]
+    # Only ABSENT decisions and answers need the deadlines; each counts once the log took it at or
+    # after its attempt's call deadline.
+    deadlines = attempt_deadlines(intents, log_of) if absent_decisions or absent_answers else {}
+    early = [d for d in absent_decisions if _early(d, deadlines, log_of)]
     if early:
         flags.append(Flag.DECISION_IGNORED)
+    early_answers = [r for r in absent_answers if _early(r, deadlines, log_of)]
+    if early_answers:
+        flags.append(Flag.ANSWER_IGNORED)
 
-    state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines)
+    state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines, log_of)
     ignored = [d for d in early if d.attempt == attempt]
     if ignored and state in UNSETTLED_STATES:
         d = ignored[0]
@@ -495,6 +576,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...]) -> Effect:
         created_ms=created,
         updated_ms=updated,
         reason=reason,
+        logged=logged,
     )
 
 
@@ -520,13 +602,11 @@ def _arbitrated(
     return owned, latest, lost
 
 
-def _early_absent(f: Decision, deadlines: dict[int, int]) -> bool:
-    """An ABSENT decision made before its attempt's call deadline, or on an attempt whose intent is
-    unknown: the call may still land, so it must not make the effect ABSENT."""
-    if f.decision is not DecisionKind.ABSENT:
-        return False
+def _early(f: Decision | Resolution, deadlines: dict[int, int], log_of: Callable[[Event], int]) -> bool:
+    """An ABSENT decision or answer that the log took before its attempt's call deadline, or on an
+    attempt whose intent is unknown: the call may still land, so it must not make the effect ABSENT."""
     deadline = deadlines.get(f.attempt)
-    return deadline is None or f.at_ms < deadline
+    return deadline is None or log_of(f) < deadline
 
 
 def _state_of(
@@ -535,6 +615,7 @@ def _state_of(
     intent: Intent | None,
     evidence: list[Evidence],
     deadlines: dict[int, int],
+    log_of: Callable[[Event], int],
 ) -> tuple[State, str | None, int | None]:
     """(state, reason, deadline) per the table in the module docstring."""
     for f in facts:
@@ -555,10 +636,10 @@ def _state_of(
         if x.outcome is Outcome.FAILED:
             return State.FAILED, x.error, None
     for d in decisions:
-        if d.decision is DecisionKind.ABSENT and not _early_absent(d, deadlines):
+        if d.decision is DecisionKind.ABSENT and not _early(d, deadlines, log_of):
             return State.ABSENT, f"absent per {d.by}: {d.reason}", None
     for r in resolutions:
-        if r.verdict is Verdict.ABSENT:
+        if r.verdict is Verdict.ABSENT and not _early(r, deadlines, log_of):
             return State.ABSENT, f"{r.reconciler}: {r.reason}" if r.reason else r.reconciler, None
     for r in resolutions:
         if r.verdict is Verdict.ESCALATE:
@@ -567,9 +648,9 @@ def _state_of(
     if ok is not None:
         if TimeoutPhase.RECEIPT in timeouts:
             return State.UNCERTAIN, "executed, but no receipt by its deadline", None
-        deadline = (
-            ok.receipt_deadline_ms if ok.receipt_deadline_ms is not None else (intent.deadline_ms if intent else None)
-        )
+        deadline = receipt_deadline_ms(ok, log_of)
+        if deadline is None and intent is not None:
+            deadline = intent_deadline_ms(intent, log_of)
         return State.EXECUTED, None, deadline
     unknown = next((x for x in execs if x.outcome is Outcome.UNKNOWN), None)
     if unknown is not None:
@@ -577,6 +658,6 @@ def _state_of(
     if TimeoutPhase.CALL in timeouts:
         return State.UNCERTAIN, "deadline passed without a recorded outcome", None
     if intent is not None and intent.attempt == (latest[0].attempt if latest else 0):
-        return State.PENDING, None, intent.deadline_ms
+        return State.PENDING, None, intent_deadline_ms(intent, log_of)
     # Events of an attempt whose intent has not arrived (yet): nothing proves what happened.
     return State.UNCERTAIN, "events without an intent", None

@@ -92,6 +92,7 @@ class Flag(StrEnum):
     CONFLICT = "CONFLICT"  # the same key with a different request digest
     NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
     DECISION_IGNORED = "DECISION_IGNORED"  # an ABSENT decision made while the attempt could still land
+    ANSWER_IGNORED = "ANSWER_IGNORED"  # a reconciler's ABSENT logged before its attempt's call deadline
     INEXACT_RECEIPT = "INEXACT_RECEIPT"  # a receipt value recorded as a representation (see limits.py)
     LOST_CLAIM = "LOST_CLAIM"  # an intent of an attempt another intent claimed first (never called)
 

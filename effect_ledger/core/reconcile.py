@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from effect_ledger.core.bodies import BodyPolicy
-from effect_ledger.core.deadlines import DECISION_GRACE_MS, attempt_deadline_ms, may_still_land_until_ms
-from effect_ledger.core.effect import Effect, uncertain_event
+from effect_ledger.core.deadlines import DECISION_GRACE_MS, may_still_land_until_ms
+from effect_ledger.core.effect import Effect, attempt_deadline, uncertain_event
 from effect_ledger.core.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
 from effect_ledger.core.model import Resolution, UncertainEffect, Verdict
 from effect_ledger.errors import DefiniteFailure, TargetsError
@@ -182,9 +182,9 @@ def view_of_uncertain(u: UncertainEffect) -> EffectView:
 
 
 def retention_passed(effect: Effect | EffectView, target: Target, now_ms: int) -> bool:
-    """Whether the destination may have forgotten the key at ``now_ms`` (epoch ms): more than the
-    target's ``retention_s`` since the key was first used. Never with no retention (None) or no
-    known target."""
+    """Whether the destination may have forgotten the key at ``now_ms`` (epoch ms, on the log's time
+    like every ``now_ms`` here): more than the target's ``retention_s`` since the key was first used
+    (its first intent's log time). Never with no retention (None) or no known target."""
     if isinstance(effect, Effect):
         effect = view(effect)
     if target.retention_s is None or not effect.target:
@@ -247,14 +247,14 @@ def next_check_ms(effect: Effect, target: Target, now_ms: int) -> int | None:
     if only_the_agent_can_ask(effect, target, now_ms):
         first = effect.first_intent
         if target.retention_s is not None and first is not None:
-            return first.at_ms + int(target.retention_s * 1000) + 1
+            return effect.log_time(first) + int(target.retention_s * 1000) + 1
         return now_ms + target.backoff.delay_ms(target.backoff.max_tries)
     last = last_resolution(effect)
     if last is None:
         return None
-    after = last.at_ms + target.backoff.delay_ms(last.tries)
+    after = effect.log_time(last) + target.backoff.delay_ms(last.tries)
     if answered_too_early(last):  # "absent" while the call could still land: again once it cannot
-        return max(after, target.may_still_land_until_ms(attempt_deadline_ms(effect.facts, effect.attempt)))
+        return max(after, target.may_still_land_until_ms(attempt_deadline(effect, effect.attempt)))
     return after
 
 

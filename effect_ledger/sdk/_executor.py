@@ -23,8 +23,8 @@ import inspect
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.core.deadlines import attempt_deadline_ms, call_deadline_ms
-from effect_ledger.core.effect import Effect, expire
+from effect_ledger.core.deadlines import call_deadline_ms
+from effect_ledger.core.effect import Effect, attempt_deadline, expire
 from effect_ledger.core.limits import bounded_text
 from effect_ledger.core.model import (
     INEXACT_PREFIX,
@@ -196,7 +196,7 @@ class Executor:
         effect, resolution = await self.record_answer(effect, target, answer, name)
         # Asking again can change an unknown answer once the old call has stopped (its deadline),
         # and an "absent" given too early once the call can no longer land.
-        deadline = attempt_deadline_ms(effect.facts, effect.attempt) or 0
+        deadline = attempt_deadline(effect, effect.attempt) or 0
         until = target.may_still_land_until_ms(deadline) if answered_too_early(resolution) else deadline
         return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
 

@@ -280,22 +280,32 @@ def test_expire_is_idempotent(events: list[Event], data: st.DataObject) -> None:
 @SETTINGS
 @given(events=histories())
 def test_an_absent_decision_made_while_the_call_could_land_never_makes_absent(events: list[Event]) -> None:
-    """(h) An ABSENT state of the latest attempt is always backed by an ABSENT resolution or by an
-    ABSENT decision made at or after that attempt's call deadline, never by an earlier decision; and
-    DECISION_IGNORED is flagged exactly when some ABSENT decision was made before its attempt's
-    deadline (or on an attempt whose intent is unknown)."""
+    """(h) An ABSENT state of the latest attempt is always backed by an ABSENT resolution or decision
+    made at or after that attempt's call deadline, never by an earlier one; DECISION_IGNORED and
+    ANSWER_IGNORED are flagged exactly when some ABSENT decision or answer was made before its
+    attempt's deadline (or on an attempt whose intent is unknown). A deadline is a duration from the
+    intent (``deadline_ms - at_ms``, from the writer's one clock, clamped to [0, a week]): a writer's
+    absolute time never decides."""
     eff = folded(events)
     deadlines: dict[int, int] = {}
     for e in events:
         if isinstance(e, Intent):
-            deadlines[e.attempt] = max(e.deadline_ms, deadlines.get(e.attempt, e.deadline_ms))
+            d = e.at_ms + min(max(e.deadline_ms - e.at_ms, 0), 7 * 86_400_000)
+            deadlines[e.attempt] = max(d, deadlines.get(e.attempt, d))
+
+    def is_early(e: Decision | Resolution) -> bool:
+        return e.attempt not in deadlines or e.at_ms < deadlines[e.attempt]
+
     absent_decisions = [e for e in events if isinstance(e, Decision) and e.decision is DecisionKind.ABSENT]
-    early = [d for d in absent_decisions if d.attempt not in deadlines or d.at_ms < deadlines[d.attempt]]
+    absent_answers = [e for e in events if isinstance(e, Resolution) and e.verdict is Verdict.ABSENT]
+    early = [d for d in absent_decisions if is_early(d)]
     assert (Flag.DECISION_IGNORED in eff.flags) == bool(early)
+    assert (Flag.ANSWER_IGNORED in eff.flags) == any(is_early(r) for r in absent_answers)
     if eff.state is State.ABSENT:
         latest = [e for e in events if e.attempt == eff.attempt]
-        assert any(isinstance(e, Resolution) and e.verdict is Verdict.ABSENT for e in latest) or any(
-            isinstance(e, Decision) and e.decision is DecisionKind.ABSENT and e not in early for e in latest
+        assert any(
+            isinstance(e, Resolution | Decision) and e in absent_answers + absent_decisions and not is_early(e)
+            for e in latest
         )
 
 
