@@ -67,6 +67,24 @@ def attempt_deadlines(facts: Iterable[object], log_of: LogOf = _at) -> dict[int,
     return out
 
 
+def lands_within_of(intent: Intent) -> int:
+    """How long after its deadline an intent's call may still land: what it carries (the target's
+    ``lands_within``), else ``DECISION_GRACE_MS`` (an older writer's intent), clamped like a duration."""
+    ms = intent.lands_within_ms
+    return DECISION_GRACE_MS if ms is None else min(max(ms, 0), MAX_DURATION_MS)
+
+
+def attempt_windows(facts: Iterable[object], log_of: LogOf = _at) -> dict[int, int]:
+    """Until when each attempt's call may still land, on the log's time: the latest, among its
+    intents, of the deadline plus ``lands_within``. No ABSENT counts before then."""
+    out: dict[int, int] = {}
+    for f in facts:
+        if isinstance(f, Intent):
+            until = intent_deadline_ms(f, log_of) + lands_within_of(f)
+            out[f.attempt] = max(until, out.get(f.attempt, until))
+    return out
+
+
 def attempt_deadline_ms(facts: Iterable[object], attempt: int, log_of: LogOf = _at) -> int | None:
     """The call deadline of ``attempt`` (see ``attempt_deadlines``); None when no intent of it is known."""
     return max(
@@ -82,5 +100,6 @@ def may_still_land_until_ms(deadline_ms: int | None, lands_within_ms: int) -> in
 
 __all__ = [
     "DECISION_GRACE_MS", "MAX_DURATION_MS", "call_deadline_ms", "duration_ms", "intent_deadline_ms",
-    "receipt_deadline_ms", "attempt_deadlines", "attempt_deadline_ms", "may_still_land_until_ms",
+    "receipt_deadline_ms", "attempt_deadlines", "attempt_deadline_ms", "may_still_land_until_ms", "lands_within_of",
+    "attempt_windows",
 ]  # fmt: skip

@@ -24,7 +24,7 @@ data, not authority: every event keeps its writer's ``at_ms``, and every compari
 the time the log took each fact (``log_time``): the broker's append time in Kafka mode, recorded by
 the processor as it folds (``apply(effect, event, log_ms)``), the file's one clock in embedded mode
 (where it is ``at_ms``). A deadline is a duration from its intent's log time (``core.deadlines``).
-An ABSENT decision or answer logged before its attempt's call deadline changes nothing (flagged);
+An ABSENT decision or answer logged while its attempt's call may still land changes nothing (flagged);
 a timeout command logged before its deadline is not admitted at all, so the next one can be.
 
 How the state is derived (first rule that matches wins)::
@@ -35,10 +35,10 @@ How the state is derived (first rule that matches wins)::
       ABANDONED decision                                       -> ABANDONED
       executed FAILED (a definitive rejection)                 -> FAILED
       ABSENT decision or ABSENT resolution                     -> ABSENT
-        (an ABSENT decision or answer counts only if the log took it at or after the
-        attempt's call deadline: before it the call may still land, and "absent" would let a
-        second execution run; an earlier one is kept as a fact, flagged DECISION_IGNORED or
-        ANSWER_IGNORED)
+        (an ABSENT decision or answer counts only if the log took it once the attempt's
+        call could no longer land, its deadline plus the intent's lands_within: before, the
+        call may still land, and "absent" would let a second execution run; an earlier one is
+        kept as a fact, flagged DECISION_IGNORED or ANSWER_IGNORED)
       ESCALATE resolution                                      -> ESCALATED
       executed OK, receipt deadline passed (RECEIPT timeout)   -> UNCERTAIN
       executed OK                                              -> EXECUTED
@@ -57,7 +57,7 @@ from typing import NamedTuple
 from effect_ledger.core.deadlines import (
     DECISION_GRACE_MS,
     attempt_deadline_ms,
-    attempt_deadlines,
+    attempt_windows,
     intent_deadline_ms,
     may_still_land_until_ms,
     receipt_deadline_ms,
@@ -545,9 +545,9 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
         flags.append(Flag.LOST_CLAIM)
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
-    # Only ABSENT decisions and answers need the deadlines; each counts once the log took it at or
-    # after its attempt's call deadline.
-    deadlines = attempt_deadlines(intents, log_of) if absent_decisions or absent_answers else {}
+    # Only ABSENT decisions and answers need the windows; each counts once the log took it at or
+    # after its attempt's call could no longer land (its deadline plus the intent's lands_within).
+    deadlines = attempt_windows(intents, log_of) if absent_decisions or absent_answers else {}
     early = [d for d in absent_decisions if _early(d, deadlines, log_of)]
     if early:
         flags.append(Flag.DECISION_IGNORED)
@@ -603,8 +603,9 @@ def _arbitrated(
 
 
 def _early(f: Decision | Resolution, deadlines: dict[int, int], log_of: Callable[[Event], int]) -> bool:
-    """An ABSENT decision or answer that the log took before its attempt's call deadline, or on an
-    attempt whose intent is unknown: the call may still land, so it must not make the effect ABSENT."""
+    """An ABSENT decision or answer that the log took while its attempt's call could still land (before
+    its deadline plus lands_within), or on an attempt whose intent is unknown: it must not make the
+    effect ABSENT."""
     deadline = deadlines.get(f.attempt)
     return deadline is None or log_of(f) < deadline
 

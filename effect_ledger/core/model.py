@@ -91,8 +91,8 @@ class Flag(StrEnum):
     DUPLICATE_RECEIPT = "DUPLICATE_RECEIPT"  # two distinct receipt ids for one key
     CONFLICT = "CONFLICT"  # the same key with a different request digest
     NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
-    DECISION_IGNORED = "DECISION_IGNORED"  # an ABSENT decision made while the attempt could still land
-    ANSWER_IGNORED = "ANSWER_IGNORED"  # a reconciler's ABSENT logged before its attempt's call deadline
+    DECISION_IGNORED = "DECISION_IGNORED"  # an ABSENT decision logged while the attempt could still land
+    ANSWER_IGNORED = "ANSWER_IGNORED"  # a reconciler's ABSENT logged while its attempt's call could still land
     INEXACT_RECEIPT = "INEXACT_RECEIPT"  # a receipt value recorded as a representation (see limits.py)
     LOST_CLAIM = "LOST_CLAIM"  # an intent of an attempt another intent claimed first (never called)
 
@@ -123,6 +123,9 @@ class Intent:
     deadline_ms: int
     worker: str
     keyed: bool = True
+    # How long after deadline_ms the call may still take effect at the destination (the target's
+    # lands_within): no ABSENT counts before that, on the log's time. None: DECISION_GRACE_MS.
+    lands_within_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

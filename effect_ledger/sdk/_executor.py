@@ -260,6 +260,7 @@ class Executor:
             request_digest=spec.digest,
             deadline_ms=deadline,
             worker=self.worker,
+            lands_within_ms=self.target(spec.target).lands_within_ms,
         )
         # The claim lives until the deadline: past it, the call cannot still be running here.
         effect, intent_seq = await self.store.append(

@@ -197,7 +197,11 @@ def test_fold_ignores_an_absent_decision_made_before_the_deadline() -> None:
         assert e is not None and e.state is State.UNCERTAIN, events
         assert Flag.DECISION_IGNORED in e.flags and e.has("d-early")
         assert e.reason is not None and "ignored" in e.reason
-    on_time = Decision("d-late", key, 60_000, 1, DecisionKind.ABSENT, "alice", "checked")
+    # Still early within the 2 s an intent without lands_within may land after its deadline.
+    grace = Decision("d-grace", key, 61_999, 1, DecisionKind.ABSENT, "alice", "checked")
+    e = fold([i, x, early, grace])
+    assert e is not None and e.state is State.UNCERTAIN
+    on_time = Decision("d-late", key, 62_000, 1, DecisionKind.ABSENT, "alice", "checked")
     e = fold([i, x, early, on_time])
     assert e is not None and e.state is State.ABSENT
 

@@ -281,16 +281,17 @@ def test_expire_is_idempotent(events: list[Event], data: st.DataObject) -> None:
 @given(events=histories())
 def test_an_absent_decision_made_while_the_call_could_land_never_makes_absent(events: list[Event]) -> None:
     """(h) An ABSENT state of the latest attempt is always backed by an ABSENT resolution or decision
-    made at or after that attempt's call deadline, never by an earlier one; DECISION_IGNORED and
-    ANSWER_IGNORED are flagged exactly when some ABSENT decision or answer was made before its
-    attempt's deadline (or on an attempt whose intent is unknown). A deadline is a duration from the
-    intent (``deadline_ms - at_ms``, from the writer's one clock, clamped to [0, a week]): a writer's
-    absolute time never decides."""
+    made once that attempt's call could no longer land (its deadline plus the intent's lands_within,
+    2 s when it carries none), never by an earlier one; DECISION_IGNORED and ANSWER_IGNORED are
+    flagged exactly when some ABSENT decision or answer was made earlier (or on an attempt whose
+    intent is unknown). A deadline is a duration from the intent (``deadline_ms - at_ms``, from the
+    writer's one clock, clamped to [0, a week]): a writer's absolute time never decides."""
     eff = folded(events)
     deadlines: dict[int, int] = {}
     for e in events:
         if isinstance(e, Intent):
-            d = e.at_ms + min(max(e.deadline_ms - e.at_ms, 0), 7 * 86_400_000)
+            lands = 2000 if e.lands_within_ms is None else e.lands_within_ms
+            d = e.at_ms + min(max(e.deadline_ms - e.at_ms, 0), 7 * 86_400_000) + lands
             deadlines[e.attempt] = max(d, deadlines.get(e.attempt, d))
 
     def is_early(e: Decision | Resolution) -> bool:

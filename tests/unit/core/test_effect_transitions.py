@@ -21,6 +21,8 @@ Plus the bookkeeping around it: flags, emission of ``UncertainEffect``, idempote
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from effect_ledger.core.deadlines import DECISION_GRACE_MS
@@ -462,6 +464,11 @@ def test_absent_decision_before_the_call_deadline_is_ignored_and_flagged() -> No
     d = decision(DecisionKind.ABSENT, at=CALL_DEADLINE - 1)
     eff, emitted = apply(uncertain(), d)
     assert eff.state is State.UNCERTAIN
+    assert Flag.DECISION_IGNORED in eff.flags
+    # ... and so within the lands_within that follows the deadline (2 s for an intent that carries none).
+    d = decision(DecisionKind.ABSENT, at=CALL_DEADLINE + DECISION_GRACE_MS - 1)
+    eff, emitted = apply(uncertain(), d)
+    assert eff.state is State.UNCERTAIN
     assert eff.has(d.event_id) and eff.version == 3
     assert Flag.DECISION_IGNORED in eff.flags
     assert eff.reason is not None and "ABSENT decision by alice ignored" in eff.reason
@@ -476,12 +483,75 @@ def test_absent_decision_before_the_deadline_leaves_a_pending_effect_pending() -
     assert Flag.DECISION_IGNORED in eff.flags and eff.reason is not None and "ignored" in eff.reason
 
 
-def test_absent_decision_at_the_call_deadline_makes_absent() -> None:
-    """given an UNCERTAIN effect, when an ABSENT decision made at the call deadline arrives, then it
-    counts: ABSENT, no flag."""
-    eff = effect_of(intent(), executed(Outcome.UNKNOWN, error="eof"), decision(DecisionKind.ABSENT, at=CALL_DEADLINE))
+def test_absent_decision_once_the_call_can_no_longer_land_makes_absent() -> None:
+    """given an UNCERTAIN effect, when an ABSENT decision made at the call deadline plus lands_within
+    arrives, then it counts: ABSENT, no flag."""
+    at = CALL_DEADLINE + DECISION_GRACE_MS
+    eff = effect_of(intent(), executed(Outcome.UNKNOWN, error="eof"), decision(DecisionKind.ABSENT, at=at))
     assert eff.state is State.ABSENT
     assert Flag.DECISION_IGNORED not in eff.flags
+
+
+def test_the_intent_carries_how_long_its_call_may_land_after_its_deadline() -> None:
+    """given an intent whose target declares lands_within 60 s, when an ABSENT decision or answer
+    arrives 59 s after its deadline, then it is ignored; at 60 s it counts."""
+    i = replace(intent(), lands_within_ms=60_000)
+    for at, state in ((CALL_DEADLINE + 59_999, State.UNCERTAIN), (CALL_DEADLINE + 60_000, State.ABSENT)):
+        by_person = effect_of(i, executed(Outcome.UNKNOWN, error="eof"), decision(DecisionKind.ABSENT, at=at))
+        by_reconciler = effect_of(i, executed(Outcome.UNKNOWN, error="eof"), resolution(Verdict.ABSENT, at=at))
+        assert by_person.state is state and by_reconciler.state is state
+        assert (Flag.ANSWER_IGNORED in by_reconciler.flags) == (state is State.UNCERTAIN)
+
+
+# --- the log's time decides, never a writer's clock ------------------------------------------------
+
+
+def test_a_decision_stamped_in_the_future_counts_by_when_the_log_took_it() -> None:
+    """given an UNCERTAIN effect, when an operator whose clock runs two hours ahead writes ABSENT (its
+    at_ms far past the deadline) but the log takes it before the call can no longer land, then it is
+    ignored: the log's time decides; its claimed time stays a fact."""
+    d = decision(DecisionKind.ABSENT, at=CALL_DEADLINE + 2 * 3_600_000)
+    eff, _ = apply(uncertain(), d, log_ms=CALL_DEADLINE + 500)
+    assert eff.state is State.UNCERTAIN and Flag.DECISION_IGNORED in eff.flags
+    assert eff.log_time(d) == CALL_DEADLINE + 500 and eff.has(d.event_id)
+    later, _ = apply(uncertain(), d, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
+    assert later.state is State.ABSENT
+
+
+def test_a_slow_writers_deadline_is_a_duration_from_when_the_log_took_its_intent() -> None:
+    """given an intent from an agent whose clock runs two hours behind (its deadline already past for
+    everyone else), when the log took it at T0, then its deadline is T0 plus its timeout, and an
+    ABSENT answer logged before then plus lands_within is ignored."""
+    slow = 2 * 3_600_000
+    i = intent(at=T0 - slow, deadline=CALL_DEADLINE - slow)
+    eff, _ = apply(None, i, log_ms=T0)
+    assert eff.state is State.PENDING and eff.deadline_ms == CALL_DEADLINE
+    eff, _ = apply(eff, executed(Outcome.UNKNOWN, error="eof", at=T0 - slow + 5_000), log_ms=T0 + 5_000)
+    r = resolution(Verdict.ABSENT, at=CALL_DEADLINE + 1)
+    early, _ = apply(eff, r, log_ms=CALL_DEADLINE + 1)
+    assert early.state is State.UNCERTAIN and Flag.ANSWER_IGNORED in early.flags
+    on_time, _ = apply(eff, r, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
+    assert on_time.state is State.ABSENT
+
+
+def test_a_timeout_the_log_took_before_its_deadline_is_not_admitted() -> None:
+    """given a PENDING effect, when a timeout command from a processor whose clock runs ahead reaches
+    the log before the deadline, then it is not a fact (the same id sent again later can be); at or
+    after the deadline it is."""
+    eff, _ = apply(None, intent(), log_ms=T0)
+    t = timeout(at=CALL_DEADLINE + 3_600_000)
+    early, emitted = apply(eff, t, log_ms=CALL_DEADLINE - 1)
+    assert early is eff and emitted == ()
+    due, emitted = apply(early, t, log_ms=CALL_DEADLINE)
+    assert due.state is State.UNCERTAIN and due.has(t.event_id) and len(emitted) == 1
+
+
+def test_created_and_updated_are_the_log_times() -> None:
+    """given facts from writers with skewed clocks, the effect's created/updated (stuck, retention,
+    what people are shown) are the times the log took them."""
+    eff, _ = apply(None, intent(at=T0 + 7_200_000, deadline=CALL_DEADLINE + 7_200_000), log_ms=T0)
+    eff, _ = apply(eff, executed(Outcome.UNKNOWN, error="eof", at=T0 - 7_200_000), log_ms=T0 + 3_000)
+    assert (eff.created_ms, eff.updated_ms) == (T0, T0 + 3_000)
 
 
 def test_an_early_absent_decision_stays_ignored_after_the_deadline_passes() -> None:
