@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka test test-unit test-integration test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -21,6 +21,7 @@ help:
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
+	@echo "make sim                the protocol simulator: seeds for 60 s on every core (SIM_ARGS=--help)"
 	@echo "make soak               10 minutes at 500 effects/s: two agent hosts, two workers, a reconciler, a worker"
 	@echo "                        kill -9 and a broker restart; report + plot in soak-report/ (SOAK_ARGS=--help)"
 	@echo "make lint               ruff, mypy and the walls between the rooms (import-linter)"
@@ -80,6 +81,11 @@ test-browser: venv
 
 bench: venv
 	@bash scripts/with-kafka.sh $(PY) -m tests.bench $(BENCH_ARGS)
+
+# The deterministic simulator of the protocol on the real pure core (tests/sim); a short fixed-seed
+# run is part of `make test` (tests/unit/test_sim.py).
+sim: venv
+	@$(PY) -m tests.sim $(SIM_ARGS)
 
 # Not part of `make test`: it restarts the repo's broker in the middle (scripts/kafka.sh down/up).
 soak: venv

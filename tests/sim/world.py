@@ -178,7 +178,7 @@ class Agent:
 class World:
     """One seed's run. ``step()`` advances the true time and lets every process act once."""
 
-    def __init__(self, seed: int, mode: str = "fixed", steps: int = 240) -> None:
+    def __init__(self, seed: int, mode: str = "fixed", steps: int = 240, faults: tuple[str, ...] | None = None) -> None:
         if mode not in ("fixed", "before"):
             raise ValueError(f"mode is fixed or before, not {mode!r}")
         self.seed, self.mode, self.steps = seed, mode, steps
@@ -186,6 +186,8 @@ class World:
         self.landings: list[tuple[int, int, str, str]] = []
         self.rng = rng = random.Random(seed)
         self.faults = {f for f in FAULTS if rng.random() < 0.45}
+        if faults is not None:  # the same draws, then exactly these sites on
+            self.faults = set(faults)
         self.t = T0
         self.trace: list[tuple[int, str, str]] = []
         self.seen: Counter[str] = Counter()  # "sometimes" assertions: rare paths reached
@@ -240,8 +242,8 @@ class World:
 
     def _deliver(self) -> None:
         while self.in_flight and self.in_flight[0][0] <= self.t:
-            _, _, actor, ev = heapq.heappop(self.in_flight)
-            self.log[ev.effect_id].append((self.t, ev))  # the broker stamps its append time
+            at, _, actor, ev = heapq.heappop(self.in_flight)
+            self.log[ev.effect_id].append((at, ev))  # the broker stamps its append time
             self.acked.append((ev.effect_id, ev.event_id))
 
     def log_now(self) -> int:
@@ -570,9 +572,9 @@ class World:
                 raise Violation(k, f"acknowledged writes missing from the ledger: {lost[:3]}")
 
 
-def run_seed(seed: int, mode: str = "fixed", steps: int = 240) -> World:
+def run_seed(seed: int, mode: str = "fixed", steps: int = 240, faults: tuple[str, ...] | None = None) -> World:
     """Run one seed; raises ``Violation`` (with the world on it as ``.world``) when an invariant breaks."""
-    w = World(seed, mode, steps)
+    w = World(seed, mode, steps, faults)
     try:
         w.run()
     except Violation as v:
