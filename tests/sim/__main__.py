@@ -14,6 +14,7 @@ seed failed. ``make sim`` runs the default; a short fixed-seed run is part of ``
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import sys
@@ -114,12 +115,19 @@ def main(argv: list[str] | None = None) -> int:
             yield (next_start, n, a.mode, a.steps, faults)
             next_start += n
 
-    with multiprocessing.get_context("fork").Pool(max(1, a.jobs)) as pool:
-        for count, failed, s, f in pool.imap_unordered(_chunk, chunks()):
+    jobs = max(1, a.jobs)
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        # At most two chunks per process in flight, so a time budget stops the run on time (a pool's
+        # imap would read the whole generator ahead).
+        source = chunks()
+        pending = [pool.apply_async(_chunk, (c,)) for c in itertools.islice(source, 2 * jobs)]
+        while pending:
+            count, failed, s, f = pending.pop(0).get()
             done += count
             failures += failed
             seen.update(s)
             fault_counts.update(f)
+            pending += [pool.apply_async(_chunk, (c,)) for c in itertools.islice(source, 1)]
             now = time.monotonic()
             if now - last_report >= 5:
                 rate = done / (now - t0) * 60
