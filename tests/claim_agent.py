@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 from effect_ledger.core.reconcile import Target
-from effect_ledger.errors import EffectConflict, EffectInProgress, LedgerError
+from effect_ledger.errors import DefiniteFailure, EffectConflict, EffectInProgress, LedgerError, LedgerUnavailable
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
+
+
+class Rejected(DefiniteFailure):
+    """The gateway said no (400): nothing happened."""
 
 
 def refund(gateway: str, key: str) -> dict[str, Any]:
@@ -29,8 +35,16 @@ def refund(gateway: str, key: str) -> dict[str, Any]:
         headers={"Content-Type": "application/json", "Idempotency-Key": key},
         method="POST",
     )
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())  # type: ignore[no-any-return]
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+    except urllib.error.HTTPError as e:
+        if e.code == 400:
+            raise Rejected(f"gateway: {e.code}") from e
+        raise
+
+
+TIMEOUT_S = float(os.environ.get("CLAIM_AGENT_TIMEOUT_S", "30"))  # each execute's timeout
 
 
 async def main(db: str, bootstrap: str, prefix: str, partitions: int, lookup: str, gateway: str) -> None:
@@ -53,10 +67,16 @@ async def main(db: str, bootstrap: str, prefix: str, partitions: int, lookup: st
                 else:
                     c = await ledger.execute(
                         target="payments", operation="refund.create", key=key, request=request,
-                        call=lambda k: asyncio.to_thread(refund, gateway, k), timeout=30,
+                        call=lambda k: asyncio.to_thread(refund, gateway, k), timeout=TIMEOUT_S,
                     )  # fmt: skip
                     out["outcome"] = "called" if c.called else "recorded"
                     out["receipt"] = c.receipt_id
+            except Rejected as e:
+                out["outcome"] = "rejected"
+                out["reason"] = str(e)
+            except LedgerUnavailable as e:
+                out["outcome"] = "unavailable"
+                out["reason"] = str(e)
             except EffectConflict as e:
                 out["outcome"] = "conflict"
                 out["reason"] = str(e)
@@ -78,7 +98,9 @@ class AgentProcess:
     """The parent's side: start ``python -m tests.claim_agent``, send it commands, read its answers
     with a deadline (a reader thread, so a hung agent fails the test instead of hanging it)."""
 
-    def __init__(self, db: str, cfg: KafkaConfig, lookup: str, gateway: str, log_path: str) -> None:
+    def __init__(
+        self, db: str, cfg: KafkaConfig, lookup: str, gateway: str, log_path: str, timeout_s: float | None = None
+    ) -> None:
         import subprocess
 
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
@@ -86,6 +108,7 @@ class AgentProcess:
             [sys.executable, "-m", "tests.claim_agent", db, cfg.bootstrap, cfg.prefix, str(cfg.partitions),
              lookup, gateway],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
+            env={**os.environ, **({"CLAIM_AGENT_TIMEOUT_S": str(timeout_s)} if timeout_s is not None else {})},
         )  # fmt: skip
         import queue
         import threading

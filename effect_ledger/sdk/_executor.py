@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -244,6 +245,9 @@ class Executor:
     ) -> Confirmation:
         crashpoints.reached(crashpoints.BEFORE_INTENT)
         now = self.clock()
+        # The timeout counts from the intent, on this process's monotonic clock: the call gets only
+        # what is left of it once the broker and the processor have answered (see ``_call``).
+        written = time.monotonic()
         attempt = step.attempt
         deadline = call_deadline_ms(now, spec.timeout)
         intent = Intent(
@@ -278,7 +282,7 @@ class Executor:
             if effect.state is State.CONFIRMED:  # another host's attempt won, and has its receipt
                 return confirmation_of(effect, called=False)
         crashpoints.reached(crashpoints.AFTER_INTENT)
-        return await self._call(key, effect, attempt, spec, call)
+        return await self._call(key, effect, attempt, spec, call, spec.timeout - (time.monotonic() - written))
 
     async def _wait_acked(self, effect: Effect, attempt: int, intent_seq: int | None) -> None:
         """Kafka mode with ``sync``: the destination is called only once the broker holds the intent;
@@ -311,11 +315,24 @@ class Executor:
             lambda key, answer: remote_events(self.store, key, answer), self.clock,
         )  # fmt: skip
 
-    async def _call(self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call) -> Confirmation:
+    async def _call(
+        self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call, left_s: float
+    ) -> Confirmation:
+        """Call the destination for at most ``left_s``: what is left of the intent's timeout. Every
+        other writer counts the attempt's deadline from the intent, so a call that started later
+        with the whole timeout could land after they were told it no longer can. Nothing left: no
+        call; the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised."""
         target = self.target(spec.target)
+        if left_s <= 0:
+            reason = (
+                f"not called: the intent's {spec.timeout:g} s timeout passed while the broker and the "
+                "processor confirmed it"
+            )
+            await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
+            raise LedgerUnavailable(f"{reason}; execute again")
         started = self.clock()
         try:
-            async with asyncio.timeout(spec.timeout):
+            async with asyncio.timeout(left_s):
                 value = await maybe_await(call(key))
         except BaseException as e:
             if target.rejects(e):
