@@ -1,5 +1,6 @@
 """Folding a batch of one key's events: pure. The processor groups a batch from faust by key, folds
-each key's events in their order with ``fold_key``, and writes the result once."""
+each key's events in their order with ``fold_key``, and writes the result once. ``log_ms_of`` gives
+each event's log time (its record's LogAppendTime): what the fold compares, never a writer's clock."""
 
 from __future__ import annotations
 
@@ -29,17 +30,19 @@ class KeyFold(Generic[T]):
 
 
 def _apply_all(before: Effect | None, events: Sequence[tuple[T, Event]], fold: KeyFold[T],
-               encode: Callable[[Effect], bytes] | None) -> Effect | None:  # fmt: skip
+               encode: Callable[[Effect], bytes] | None,
+               log_ms_of: Callable[[T], int | None] | None) -> Effect | None:  # fmt: skip
     cur = before
     for tag, ev in events:
         try:
-            new, emitted = apply(cur, ev)
+            log_ms = log_ms_of(tag) if log_ms_of is not None else None
+            new, emitted = apply(cur, ev, log_ms)
             # The first intent of an attempt in the partition's order owns it: its verdict is
             # recorded now, as a fact in the same table write (a later intent of the attempt gets
             # none: a lost claim).
             verdict = claim_verdict(new, ev) if new is not cur else None
-            if verdict is not None:
-                new, more = apply(new, verdict)
+            if verdict is not None:  # taken by the log with the intent it names
+                new, more = apply(new, verdict, log_ms)
                 emitted = (*emitted, *more)
             if new is not cur and encode is not None:
                 fold.value = encode(new)  # one event at a time: the one that would be too large is refused
@@ -57,12 +60,17 @@ def _apply_all(before: Effect | None, events: Sequence[tuple[T, Event]], fold: K
     return cur
 
 
-def fold_key(before: Effect | None, events: Sequence[tuple[T, Event]], encode: Callable[[Effect], bytes]) -> KeyFold[T]:
+def fold_key(
+    before: Effect | None,
+    events: Sequence[tuple[T, Event]],
+    encode: Callable[[Effect], bytes],
+    log_ms_of: Callable[[T], int | None] | None = None,
+) -> KeyFold[T]:
     """Fold ``events`` (one key's, in order) into ``before`` and encode the result once. When the
     result would be over the table value's limit, fold again one event at a time and refuse the
     events that would take it over (each in ``rejected``)."""
     fold: KeyFold[T] = KeyFold(before, before)
-    after = _apply_all(before, events, fold, None)
+    after = _apply_all(before, events, fold, None, log_ms_of)
     fold.after = after
     if after is before or after is None:
         return fold
@@ -70,7 +78,7 @@ def fold_key(before: Effect | None, events: Sequence[tuple[T, Event]], encode: C
         fold.value = encode(after)
     except TableValueTooLarge:
         fold = KeyFold(before, before)  # the same events again: the same ones fail to apply
-        fold.after = _apply_all(before, events, fold, encode)
+        fold.after = _apply_all(before, events, fold, encode, log_ms_of)
         if fold.after is before:
             fold.value = None
     return fold

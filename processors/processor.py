@@ -89,6 +89,7 @@ from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams import codec as codec_mod
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
+from effect_ledger.streams.log_clock import LogClock, log_time_of
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.schema_topic import kafka_codec
 
@@ -204,6 +205,9 @@ class LedgerProcessor:
             value_type=bytes,  # the store picks the "raw" codec for bytes: table_value's encoding, untouched
         )
         self.index = DeadlineIndex(grace_ms=settings.grace_ms)
+        # The log's time (its records' LogAppendTime, plus this process's monotonic clock since): what
+        # deadlines are decided on here, never this host's wall clock (streams/log_clock.py).
+        self.log_clock = LogClock(settings.clock)
         # The timer and the fold (after a batch) both act on due deadlines: one at a time, or both
         # could send a key's Timeout before either marked it sent.
         self._acting = asyncio.Lock()
@@ -469,7 +473,7 @@ class LedgerProcessor:
                 due[0] = due_of(effect, self.s.targets, self.s.first_check_ms)
                 return table_value.encode(effect, due[0])
 
-            result = fold_key(before, evs, encode)
+            result = fold_key(before, evs, encode, self._log_ms)
             for event, reason in result.rejected:
                 await self.dead_letter(event.message, reason)
             after = result.after
@@ -492,6 +496,16 @@ class LedgerProcessor:
             self._cache.popitem(last=False)
         self.index.set(key, part, due[0])
         self._publish(key, after, result.emitted, part)
+
+    def _log_ms(self, event: Any) -> int | None:
+        """When the log took this record (its LogAppendTime; None on a topic whose records carry the
+        producer's time), noted as the log's latest time and against its writer's claimed time."""
+        msg = event.message
+        ts = msg.timestamp
+        ms = log_time_of(getattr(msg, "timestamp_type", None), round(ts * 1000) if ts is not None else None)
+        if ms is not None:
+            self.log_clock.observe(ms)
+        return ms
 
     def table_key(self, key: str) -> bytes:
         """The bytes the table stores ``key`` under."""
@@ -538,7 +552,7 @@ class LedgerProcessor:
             m.unrecorded_window.observe(max(0, ev.at_ms - ev.call_ended_ms) / 1000)
         if after.state is State.UNCERTAIN and was is not State.UNCERTAIN and isinstance(ev, Timeout):
             if before is not None and before.deadline_ms is not None:
-                m.detection_latency.observe(max(0, self.s.clock() - before.deadline_ms) / 1000)
+                m.detection_latency.observe(max(0, self.log_clock.now() - before.deadline_ms) / 1000)
             m.uncertain.labels(target=target).inc()
         if after.state is State.ESCALATED and was is not State.ESCALATED:
             m.escalated.labels(target=target).inc()
@@ -589,7 +603,7 @@ class LedgerProcessor:
         assigned = self.index.assigned or frozenset()
         topic = self.events.get_topic_name()
         tps = [TP(topic, p) for p in sorted(assigned)]
-        now = self.s.clock()
+        now = self.log_clock.now()
         hws = await self._highwaters(tps)
         self.index.record_highwaters(now, {tp.partition: int(hws.get(tp) or 0) for tp in tps})
         if self.metrics is not None:
@@ -601,7 +615,7 @@ class LedgerProcessor:
         """After a batch: act on the deadlines the batch made actionable (folded up to where their
         partition stood once they passed) without waiting for the next tick. The index says from
         the top of each partition's heap when nothing is past due, the common case."""
-        now = self.s.clock()
+        now = self.log_clock.now()
         if not self.ready or not self.index.any_past_due(now) or self._acting.locked():
             return
         async with self._acting:

@@ -29,6 +29,7 @@ from effect_ledger.errors import DecodeError, EncodeError
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.dlq import dead_letter
+from effect_ledger.streams.log_clock import LogClock, log_time_of
 from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.targets.ask import ask
 
@@ -75,6 +76,10 @@ class ReconcileService:
         self.batch = batch
         self.max_record_bytes = MAX_RECORD_BYTES
         self._sem = asyncio.Semaphore(concurrency)
+        # "Now" for every judgement: the log's time, from each work item's append time plus this
+        # process's monotonic clock since (streams/log_clock.py), never this host's wall clock: a
+        # reconciler whose clock runs ahead must not skip the wait for a call that may still land.
+        self.log_clock = LogClock(_now)
         self._consumer = Consumer(
             cfg.confluent(
                 **{
@@ -112,6 +117,10 @@ class ReconcileService:
         msgs = [m for m in msgs if not _partition_eof(m)]
         if not msgs:
             return 0
+        for m in msgs:
+            log_ms = log_time_of(*m.timestamp())
+            if log_ms is not None:
+                self.log_clock.observe(log_ms)
         results = await asyncio.gather(*(self._one(m) for m in msgs))
         items = [(m, out) for m, out in zip(msgs, results, strict=True) if out is not None]
         refused = await asyncio.to_thread(self._produce, [out for _, out in items])
@@ -235,12 +244,16 @@ class ReconcileService:
         agent can ask this destination, so nothing is written."""
         target, declared = target_for(self.targets, u.target)
         v = view_of_uncertain(u)
-        if declared and only_the_agent_can_ask(v, target, _now()):
+        now = self.log_clock.now
+        if declared and only_the_agent_can_ask(v, target, now()):
             self.stats.skipped += 1
             return None
         async with self._sem:
-            answer, name = await ask(v, target, _now(), declared=declared)
-        resolution = judge(v, target, answer, name, _now())
+            # An "absent" is what the destination said when it was asked: judged at that time, not
+            # when the answer came back (a slow answer must not carry an early ask past the window).
+            asked = now()
+            answer, name = await ask(v, target, asked, declared=declared)
+        resolution = judge(v, target, answer, name, asked)
         self.stats.resolutions[resolution.verdict.value] = self.stats.resolutions.get(resolution.verdict.value, 0) + 1
         if self.metrics is not None:
             self.metrics.resolutions.labels(verdict=resolution.verdict.value).inc()

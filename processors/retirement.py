@@ -24,6 +24,7 @@ from typing import Any
 from effect_ledger.core.effect import to_state
 from effect_ledger.core.model import Retirement
 from effect_ledger.core.retention import Retired, why_not
+from effect_ledger.streams.log_clock import log_time_of
 
 log = logging.getLogger("effect_ledger.processor")
 
@@ -79,12 +80,16 @@ async def apply(processor: Any, msg: Any, cmd: Retirement) -> None:
         effect = processor._load(key, previous)
         if effect is None:
             return
-        # The sweep saw the published state's version, which does not count claim verdicts.
-        why = why_not(effect.state, effect.updated_ms, to_state(effect).version, cmd.at_ms, cmd.after_ms, cmd.version)
+        # The sweep saw the published state's version, which does not count claim verdicts. Whether the
+        # effect is due counts on the log's time (when the log took the command), not the sweeper's.
+        ts = msg.timestamp
+        now = log_time_of(getattr(msg, "timestamp_type", None), round(ts * 1000) if ts is not None else None)
+        now = cmd.at_ms if now is None else now
+        why = why_not(effect.state, effect.updated_ms, to_state(effect).version, now, cmd.after_ms, cmd.version)
         if why is not None:
             log.info("retirement of %s not applied: %s", key, why)
             return
-        marker = Retired.of(effect, cmd.at_ms)
+        marker = Retired.of(effect, now)
         processor.out.put(msg.partition, processor.table_key(key), marker_value(marker))
         processor._cache.pop(key, None)
         processor.index.discard(key)

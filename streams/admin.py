@@ -43,8 +43,13 @@ class Drift:
 
 
 # The topic configs a drift check compares: what decides whether a record is kept (and for how
-# long) and how many replicas acknowledge it. Other configs (segment sizes, ...) are the operator's.
-CHECKED_CONFIGS = ("cleanup.policy", "retention.ms", "min.insync.replicas")
+# long), how many replicas acknowledge it, and who stamps its time. Other configs (segment sizes,
+# ...) are the operator's.
+CHECKED_CONFIGS = ("cleanup.policy", "retention.ms", "min.insync.replicas", "message.timestamp.type")
+
+# The topics whose records' times decide something (deadlines, decisions, reconcilers' "now"): the
+# broker stamps each record as it appends it, so no writer's clock does (streams/log_clock.py).
+LOG_TIME = {"message.timestamp.type": "LogAppendTime"}
 
 
 @dataclass(frozen=True)
@@ -76,20 +81,20 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
     isr = {"min.insync.replicas": str(cfg.min_insync)}
     keep = {"retention.ms": "-1", "cleanup.policy": "delete", **isr}  # the event log is the audit record
     return [
-        TopicSpec(t.events, cfg.partitions, cfg.replication, keep),
+        TopicSpec(t.events, cfg.partitions, cfg.replication, {**keep, **LOG_TIME}),
         # Compacted: the latest state per effect is what subscribers and the SQL sink need.
         TopicSpec(t.state, cfg.partitions, cfg.replication, {"cleanup.policy": "compact", **isr}),
         TopicSpec(
             t.uncertain,
             cfg.partitions,
             cfg.replication,
-            {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **isr},
+            {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **isr, **LOG_TIME},
         ),
         TopicSpec(t.dlq, cfg.partitions, cfg.replication, keep),
         # Decisions are facts of the event log too (kept forever), on a topic of their own so that
         # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
         # processor folds both into one table.
-        TopicSpec(t.decisions, cfg.partitions, cfg.replication, keep),
+        TopicSpec(t.decisions, cfg.partitions, cfg.replication, {**keep, **LOG_TIME}),
         # The keys of encrypted request bodies (effect_ledger/sdk/kafka/keyring.py): compacted, and cleaned
         # soon after a key is erased (its tombstone), so an erased key leaves the broker's disks
         # within hours (segment.ms + delete.retention.ms), not whenever a segment happens to fill.

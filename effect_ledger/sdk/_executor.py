@@ -94,10 +94,15 @@ class Executor:
         lookup: ProcessorLookup | None = None,
         sync_timeout: float | None = None,
         keyring: Keyring | None = None,
+        log_now: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.keyring = keyring  # opens sealed request bodies for reconcilers (None: nothing sealed)
-        self.clock = clock
+        self.clock = clock  # what events claim as their time (a writer's clock: data)
+        # What every comparison of times uses (deadlines, "may it still land?"): the log's time, in
+        # Kafka mode the broker's append time the relay read on its last acknowledgement plus the
+        # time measured since; embedded, the file's one clock (``clock``).
+        self.log_now = log_now or clock
         self.targets = targets
         self.relay = relay
         self.lookup = lookup
@@ -139,7 +144,9 @@ class Executor:
         """The plan's input: ``loaded``, the time, this worker, and whether the claim's owner lives."""
         owner = loaded.claim.owner
         alive = owner_alive(owner, key) if owner is not None and owner != self.worker else None
-        return Known(loaded.effect, owner, loaded.claim.until_ms, self.clock(), self.worker, alive, self.confirm_claims)
+        return Known(
+            loaded.effect, owner, loaded.claim.until_ms, self.log_now(), self.worker, alive, self.confirm_claims
+        )
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -189,17 +196,18 @@ class Executor:
         """Ask the destination about the open earlier attempt (its worker is gone), record the
         answer, and plan again on it."""
         effect = asked.effect
-        due = expire(effect, self.clock())
+        due = expire(effect, self.log_now())
         if due:  # record what is already true, so the answer below reports UNCERTAIN, not PENDING
             effect = await self.record(effect, list(due))
         target = self.target(spec.target)
+        asked_at = self.log_now()
         answer, name = await self.ask(effect, target, call, spec.timeout)
-        effect, resolution = await self.record_answer(effect, target, answer, name)
+        effect, resolution = await self.record_answer(effect, target, answer, name, asked_at)
         # Asking again can change an unknown answer once the old call has stopped (its deadline),
         # and an "absent" given too early once the call can no longer land.
         deadline = attempt_deadline(effect, effect.attempt) or 0
         until = target.may_still_land_until_ms(deadline) if answered_too_early(resolution) else deadline
-        return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
+        return effect, after_answer(asked, effect, resolution, self.log_now(), self.confirm_claims, until)
 
     async def refuse_retired(self, key: str) -> None:
         """``EffectRetired`` for a retired key: only such a key has no events yet cannot be
@@ -227,7 +235,7 @@ class Executor:
             )
             shown = dataclasses.replace(shown, request=req)
         return await ask(
-            shown, target, self.clock(), declared=declared, replay=replay,
+            shown, target, self.log_now(), declared=declared, replay=replay,
             receipt_of=lambda value: receipt_of(target, value)[0],
         )  # fmt: skip
 
@@ -237,8 +245,9 @@ class Executor:
         if effect is None or effect.state not in OPEN_STATES:
             return effect
         target, declared = target_for(self.targets, target_name(effect))
+        asked_at = self.log_now()
         answer, asked = await self.ask(effect, target, call, call_timeout, declared=declared)
-        return (await self.record_answer(effect, target, answer, asked))[0]
+        return (await self.record_answer(effect, target, answer, asked, asked_at))[0]
 
     async def _attempt(
         self, key: str, before: Effect | None, spec: CallSpec, call: Call, step: Execute
@@ -407,13 +416,14 @@ class Executor:
         raise EffectInProgress(events[0].effect_id, "could not record: the effect kept changing")
 
     async def record_answer(
-        self, effect: Effect, target: Target, answer: Answer | None, name: str
+        self, effect: Effect, target: Target, answer: Answer | None, name: str, asked_at: int
     ) -> tuple[Effect, Resolution]:
-        """Judge and record a reconciler's answer. When someone else recorded an answer meanwhile,
-        judge again on what they wrote: resolution ids count tries, so re-applying the same event
-        would be dropped as known, and a Found must never be lost to a concurrent Unknown."""
+        """Judge and record a reconciler's answer, at the log's time the destination was asked
+        (``asked_at``: an "absent" is what it said then). When someone else recorded an answer
+        meanwhile, judge again on what they wrote: resolution ids count tries, so re-applying the same
+        event would be dropped as known, and a Found must never be lost to a concurrent Unknown."""
         for _ in range(CONFLICT_RETRIES):
-            resolution = judge(effect, target, answer, name, self.clock())
+            resolution = judge(effect, target, answer, name, asked_at)
             try:
                 after = await self.store.append(effect, [resolution], now_ms=self.clock())
                 return after.effect, resolution

@@ -35,6 +35,7 @@ records the facts that come later (webhook receipts, deadlines, people's decisio
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -69,6 +70,7 @@ from effect_ledger.sdk.kafka.remote import merge_remote
 from effect_ledger.sdk.receipts import Confirmation, new_event_id, wall_clock_ms
 from effect_ledger.sdk.store.sqlite import Durability, Store
 from effect_ledger.streams.config import KafkaConfig, operator_identity
+from effect_ledger.streams.log_clock import LogClock
 from effect_ledger.targets.load import TargetsSpec
 from effect_ledger.targets.load import resolve as resolve_targets
 
@@ -116,9 +118,17 @@ class Ledger:
         self._lookup = lookup
         self._metrics_server = metrics_server
         self.keyring: Keyring = keyring if keyring is not None else FileKeyring(store)
+        # The log's time, for every comparison of times: in Kafka mode the broker's append time read
+        # on each acknowledgement of the relay (topics with LogAppendTime), plus what was measured
+        # since (by ``clock`` when one is given, as tests give one; else the monotonic clock).
+        # Embedded, and before the first acknowledgement, ``clock`` is the log's clock.
+        self._log_clock = LogClock(clock, time.monotonic if clock is wall_clock_ms else lambda: clock() / 1000)
+        if relay is not None:
+            relay.log_clock = self._log_clock
         self._executor = Executor(
-            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout, keyring=self.keyring
-        )
+            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout, keyring=self.keyring,
+            log_now=self._log_clock.now,
+        )  # fmt: skip
         self.worker = self._executor.worker
         for t in targets:
             self.register(t)
@@ -328,7 +338,7 @@ class Ledger:
         effect = (await self._store.load(check_key(key))).effect
         if effect is None:
             return None
-        timeouts = expire(effect, self._clock())
+        timeouts = expire(effect, self._log_clock.now())
         return await self._executor.record(effect, list(timeouts)) if timeouts else effect
 
     async def record_receipt(
@@ -387,8 +397,9 @@ class Ledger:
         before = loaded.effect
         if before is None:
             raise UnknownEffect(key, str(self._store.path))
-        now = self._clock()
-        refused = decision_refusal(before, kind, now, target_for(self._targets, target_name(before))[0].lands_within_ms)
+        now = self._clock()  # what the decision claims; whether it may be made is the log's time's call
+        grace = target_for(self._targets, target_name(before))[0].lands_within_ms
+        refused = decision_refusal(before, kind, self._log_clock.now(), grace)
         if refused is not None:
             raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
         principal = operator_identity(self._relay.cfg if self._relay is not None else None)
