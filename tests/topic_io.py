@@ -220,3 +220,25 @@ def run_agent(
         ],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )  # fmt: skip
+
+
+def recorded_times(cfg: KafkaConfig) -> None:
+    """Keep the producer's timestamps on ``cfg``'s events and decisions topics (CreateTime), for a
+    fixture that replays a recorded incident with its original times: on the topics as created,
+    the broker stamps each record as it appends it (LogAppendTime), and a replay would all be "now"."""
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    admin = AdminClient(cfg.confluent())
+    entry = ConfigEntry("message.timestamp.type", "CreateTime", incremental_operation=AlterConfigOpType.SET)
+    resources = [
+        ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry])
+        for t in (cfg.topics.events, cfg.topics.decisions)
+    ]
+    for fut in admin.incremental_alter_configs(resources).values():
+        fut.result(30)

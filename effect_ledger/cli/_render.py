@@ -59,10 +59,13 @@ def audit_report(report: Any, wide: bool = False) -> None:
 def trace(t: Any, wide: bool = False) -> None:
     """``effects trace``: the timeline, the state and the windows."""
     e = t.effect
-    tt = table(f"effect {t.key}", "time (UTC)", "+s", "event", "source", "state after")
+    # Times are the log's (when it took each event); a writer whose clock disagrees with the log's by
+    # a second or more shows by how much (its claimed time is data: it decides nothing).
+    tt = table(f"effect {t.key}", "time (UTC)", "+s", "event", "source", "state after", "writer's clock")
     t0 = t.lines[0].at_ms if t.lines else 0
     for ln in t.lines:
-        tt.add_row(iso(ln.at_ms), f"{(ln.at_ms - t0) / 1000:.3f}", ln.event, ln.source, ln.state_after)
+        skew = f"{ln.skew_ms / 1000:+.1f} s" if abs(ln.skew_ms) >= 1000 else ""
+        tt.add_row(iso(ln.at_ms), f"{(ln.at_ms - t0) / 1000:.3f}", ln.event, ln.source, ln.state_after, skew)
     print_table(tt, wide)
     out.print(
         f"state: [bold]{e.state.value}[/]{' (' + e.reason + ')' if e.reason else ''}; attempt {e.attempt}; "

@@ -170,7 +170,9 @@ def trace(
                     "events": [
                         {
                             "at": iso(ln.at_ms),
-                            "at_ms": ln.at_ms,
+                            "at_ms": ln.at_ms,  # the log's time
+                            "claimed_at_ms": ln.claimed_ms,  # the writer's clock
+                            "skew_ms": ln.skew_ms,
                             "event": ln.event,
                             "source": ln.source,
                             "state_after": ln.state_after,

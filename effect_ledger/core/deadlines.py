@@ -26,6 +26,13 @@ DECISION_GRACE_MS = 2_000
 #: longer or negative one from a writer is clamped, so no writer can push a deadline out of reach.
 MAX_DURATION_MS = 7 * 86_400_000
 
+#: How far ahead of the log's time a writer's clock may claim to be before the fold flags the fact
+#: (CLOCK_SKEW) and refuses its time-dependent claims (an ABSENT decision or answer): a record cannot
+#: reach the log before it was written, so a claim that far ahead is a clock that runs ahead. A clock
+#: that runs behind looks like a record that reached the log late, and is harmless: every deadline
+#: counts from the log's time.
+MAX_CLOCK_AHEAD_MS = 60_000
+
 LogOf = Callable[[Any], int]  # a fact -> when the log took it
 
 
@@ -99,7 +106,8 @@ def may_still_land_until_ms(deadline_ms: int | None, lands_within_ms: int) -> in
 
 
 __all__ = [
-    "DECISION_GRACE_MS", "MAX_DURATION_MS", "call_deadline_ms", "duration_ms", "intent_deadline_ms",
+    "DECISION_GRACE_MS", "MAX_DURATION_MS", "MAX_CLOCK_AHEAD_MS", "call_deadline_ms", "duration_ms",
+    "intent_deadline_ms",
     "receipt_deadline_ms", "attempt_deadlines", "attempt_deadline_ms", "may_still_land_until_ms", "lands_within_of",
     "attempt_windows",
 ]  # fmt: skip

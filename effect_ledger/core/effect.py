@@ -56,6 +56,7 @@ from typing import NamedTuple
 
 from effect_ledger.core.deadlines import (
     DECISION_GRACE_MS,
+    MAX_CLOCK_AHEAD_MS,
     attempt_deadline_ms,
     attempt_windows,
     intent_deadline_ms,
@@ -545,17 +546,21 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
         flags.append(Flag.LOST_CLAIM)
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
+    # A writer's clock that ran ahead of the log's: flagged, and its ABSENT claims refused (_early).
+    ahead = {eid for eid, ms in logged if _claimed(facts, eid) - ms > MAX_CLOCK_AHEAD_MS} if logged else set()
+    if ahead:
+        flags.append(Flag.CLOCK_SKEW)
     # Only ABSENT decisions and answers need the windows; each counts once the log took it at or
     # after its attempt's call could no longer land (its deadline plus the intent's lands_within).
     deadlines = attempt_windows(intents, log_of) if absent_decisions or absent_answers else {}
-    early = [d for d in absent_decisions if _early(d, deadlines, log_of)]
+    early = [d for d in absent_decisions if _early(d, deadlines, log_of) or d.event_id in ahead]
     if early:
         flags.append(Flag.DECISION_IGNORED)
-    early_answers = [r for r in absent_answers if _early(r, deadlines, log_of)]
+    early_answers = [r for r in absent_answers if _early(r, deadlines, log_of) or r.event_id in ahead]
     if early_answers:
         flags.append(Flag.ANSWER_IGNORED)
 
-    state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines, log_of)
+    state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines, log_of, ahead)
     ignored = [d for d in early if d.attempt == attempt]
     if ignored and state in UNSETTLED_STATES:
         d = ignored[0]
@@ -578,6 +583,11 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
         reason=reason,
         logged=logged,
     )
+
+
+def _claimed(facts: tuple[Event, ...], event_id: str) -> int:
+    """The writer's claimed time of the fact ``event_id``."""
+    return next(f.at_ms for f in facts if f.event_id == event_id)
 
 
 def _arbitrated(
@@ -617,6 +627,7 @@ def _state_of(
     evidence: list[Evidence],
     deadlines: dict[int, int],
     log_of: Callable[[Event], int],
+    ahead: set[str],
 ) -> tuple[State, str | None, int | None]:
     """(state, reason, deadline) per the table in the module docstring."""
     for f in facts:
@@ -637,10 +648,10 @@ def _state_of(
         if x.outcome is Outcome.FAILED:
             return State.FAILED, x.error, None
     for d in decisions:
-        if d.decision is DecisionKind.ABSENT and not _early(d, deadlines, log_of):
+        if d.decision is DecisionKind.ABSENT and not _early(d, deadlines, log_of) and d.event_id not in ahead:
             return State.ABSENT, f"absent per {d.by}: {d.reason}", None
     for r in resolutions:
-        if r.verdict is Verdict.ABSENT and not _early(r, deadlines, log_of):
+        if r.verdict is Verdict.ABSENT and not _early(r, deadlines, log_of) and r.event_id not in ahead:
             return State.ABSENT, f"{r.reconciler}: {r.reason}" if r.reason else r.reconciler, None
     for r in resolutions:
         if r.verdict is Verdict.ESCALATE:

@@ -29,6 +29,7 @@ from effect_ledger.errors import DecodeError, StorageError
 from effect_ledger.sdk.store.reader import LedgerReader
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.log_clock import log_time_of
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.schema_topic import kafka_codec
 
@@ -415,28 +416,40 @@ def replay_events(
 KEY_SEARCH_STEPS_MS = (3_600_000, 86_400_000, 7 * 86_400_000, 31 * 86_400_000)
 
 
-def _key_range(c: Consumer, topic: str, p: int, lo: int, hi: int, kb: bytes) -> list[tuple[bytes | None, int]]:
-    """The values of ``kb``'s records at offsets [lo, hi) of one partition, in order."""
+def _key_range(
+    c: Consumer, topic: str, p: int, lo: int, hi: int, kb: bytes
+) -> list[tuple[bytes | None, int, int | None]]:
+    """The values of ``kb``'s records at offsets [lo, hi) of one partition, in order, with their
+    offsets and log times (None: a topic whose records carry the producer's time)."""
     from confluent_kafka import TopicPartition
 
-    out: list[tuple[bytes | None, int]] = []
+    out: list[tuple[bytes | None, int, int | None]] = []
     if lo >= hi:
         return out
     c.assign([TopicPartition(topic, p, lo)])
     for batch in _consume_range(c, topic, {p: hi}, hi - lo):
-        out.extend((m.value(), m.offset()) for m in batch if m.key() == kb)
+        out.extend((m.value(), m.offset(), log_time_of(*m.timestamp())) for m in batch if m.key() == kb)
     return out
 
 
 def key_events(
     cfg: KafkaConfig, key: str, *, since_ms: int | None = None, now_ms: int | None = None
 ) -> Iterator[Event]:
+    """``key_records`` without the log times."""
+    for event, _log_ms in key_records(cfg, key, since_ms=since_ms, now_ms=now_ms):
+        yield event
+
+
+def key_records(
+    cfg: KafkaConfig, key: str, *, since_ms: int | None = None, now_ms: int | None = None
+) -> Iterator[tuple[Event, int | None]]:
     """Every event of one key, as the processor folds them: only its partition of each topic is
     read, and only from where the key's records begin. With ``since_ms``: from the first record at
     or after that time (``offsets_for_times``). Without: back from now in growing steps
     (``KEY_SEARCH_STEPS_MS``, then the partition's start) until the part read holds the key's
     first intent (attempt 1). The intent is the first record an effect writes, so everything after
-    its offset is read; ``effects.decisions`` is read from the same time."""
+    its offset is read; ``effects.decisions`` is read from the same time. Each event comes with its
+    record's log time (LogAppendTime; None where the topic keeps the producer's time)."""
     from confluent_kafka import OFFSET_END, TopicPartition
 
     kb = key.encode()
@@ -458,7 +471,7 @@ def key_events(
         if since_ms is None:
             steps.append(None)
         events_topic = sources[0][0]
-        found: list[tuple[bytes | None, int]] = []
+        found: list[tuple[bytes | None, int, int | None]] = []
         end: int | None = None
         start_ms: int | None = None
         for start_ms in steps:
@@ -468,18 +481,18 @@ def key_events(
                 continue  # nothing older in this step
             found = _key_range(c, events_topic, p, at, top, kb) + found
             end = at
-            if at <= lo or any(_first_intent(codec, v) for v, _off in found):
+            if at <= lo or any(_first_intent(codec, v) for v, _off, _t in found):
                 break
-        for value, _off in found:
+        for value, _off, log_ms in found:
             event, _ = _decoded(codec, value, False)
             if event is not None:
-                yield event
+                yield event, log_ms
         for topic, decisions in sources[1:]:
             at, _lo, hi = offset_at(topic, start_ms)
-            for value, _off in _key_range(c, topic, p, at, hi, kb):
+            for value, _off, log_ms in _key_range(c, topic, p, at, hi, kb):
                 event, _ = _decoded(codec, value, decisions)
                 if event is not None:
-                    yield event
+                    yield event, log_ms
     finally:
         c.close()
 

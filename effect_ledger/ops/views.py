@@ -12,8 +12,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from effect_ledger.core.effect import Effect, apply, decision_refusal, fold
+from effect_ledger.core.effect import Effect, apply, decision_refusal
 from effect_ledger.core.model import (
     UNSETTLED_STATES,
     Claimed,
@@ -22,6 +23,7 @@ from effect_ledger.core.model import (
     EffectState,
     Event,
     Executed,
+    Flag,
     Intent,
     Receipt,
     Resolution,
@@ -29,10 +31,12 @@ from effect_ledger.core.model import (
     Timeout,
 )
 from effect_ledger.core.reconcile import Target, target_for, target_name
+from effect_ledger.core.timeparse import iso
 from effect_ledger.errors import DecisionRefused, StorageError
-from effect_ledger.ops.sources import SourceError, db_events, key_events, latest_states, replay_events
+from effect_ledger.ops.sources import SourceError, db_events, key_records, latest_states, replay_events
 from effect_ledger.sdk.store.reader import LedgerReader
 from effect_ledger.streams.config import KafkaConfig, operator_identity
+from effect_ledger.streams.log_clock import log_time_of
 from effect_ledger.streams.schema_topic import kafka_codec
 
 INTERMEDIATE = UNSETTLED_STATES  # open, or escalated to a person
@@ -126,15 +130,14 @@ def escalations(*, db: str | None = None, cfg: KafkaConfig | None = None) -> lis
 
 def history(
     key: str, *, db: str | None = None, cfg: KafkaConfig | None = None, since_ms: int | None = None
-) -> list[Event]:
-    """Every event of one key. Kafka: read from where the key's records begin (``key_events``), or
-    from ``since_ms``."""
+) -> list[tuple[Event, int | None]]:
+    """Every event of one key with the time its log took it (None: the writer's clock is the log's,
+    as in a ledger file). Kafka: read from where the key's records begin (``key_records``), or from
+    ``since_ms``."""
     if db is not None:
-        events = [r.event for r in db_events(db) if r.event is not None and r.event.effect_id == key]
-    else:
-        assert cfg is not None
-        events = list(key_events(cfg, key, since_ms=since_ms))
-    return events
+        return [(r.event, None) for r in db_events(db) if r.event is not None and r.event.effect_id == key]
+    assert cfg is not None
+    return list(key_records(cfg, key, since_ms=since_ms))
 
 
 def describe(e: Event) -> tuple[str, str]:
@@ -166,10 +169,17 @@ def describe(e: Event) -> tuple[str, str]:
 
 @dataclass
 class TraceLine:
-    at_ms: int
+    at_ms: int  # when the log took it (the writer's claim where its clock is the log's)
     event: str
     source: str
     state_after: str
+    claimed_ms: int  # what its writer's clock said (data, not authority)
+
+    @property
+    def skew_ms(self) -> int:
+        """The writer's clock against the log's: positive, the writer's runs ahead (or the record
+        reached the log late, for a negative value)."""
+        return self.claimed_ms - self.at_ms
 
 
 @dataclass
@@ -182,22 +192,26 @@ class Trace:
 
 
 def trace(key: str, *, db: str | None = None, cfg: KafkaConfig | None = None, since_ms: int | None = None) -> Trace:
-    # By time, then in the order recorded (a stable sort): event ids are random within a millisecond.
-    events = sorted(history(key, db=db, cfg=cfg, since_ms=since_ms), key=lambda e: e.at_ms)
+    # By the log's time, then in the order recorded (a stable sort): never by a writer's clock, which
+    # can be hours off. A ledger file's events carry the file's one clock.
+    events = sorted(history(key, db=db, cfg=cfg, since_ms=since_ms), key=lambda r: r[0].at_ms if r[1] is None else r[1])
     lines: list[TraceLine] = []
     effect: Effect | None = None
     settled_at: int | None = None
-    for e in events:
+    for e, log_ms in events:
         before = effect
-        effect, _ = apply(effect, e)
+        effect, _ = apply(effect, e, log_ms)
         if effect is before:
-            continue  # a duplicate delivery
+            continue  # a duplicate delivery, or a timeout the log took before its deadline
         what, who = describe(e)
-        lines.append(TraceLine(e.at_ms, what, who, effect.state.value))
+        at = e.at_ms if log_ms is None else log_ms
+        lines.append(TraceLine(at, what, who, effect.state.value, e.at_ms))
         if settled_at is None and effect.state not in INTERMEDIATE:
-            settled_at = e.at_ms
-    windows = [max(0, e.at_ms - e.call_ended_ms) for e in (effect.facts if effect else ()) if isinstance(e, Executed)]
-    first = effect.first_intent.at_ms if effect and effect.first_intent else None
+            settled_at = at
+    windows = [
+        max(0, e.at_ms - e.call_ended_ms) for e in (effect.facts if effect else ()) if isinstance(e, Executed)
+    ]  # one writer's clock at both ends: its offset cancels
+    first = effect.log_time(effect.first_intent) if effect and effect.first_intent else None
     inter = None if first is None else ((settled_at or now_ms()) - first)
     return Trace(key, lines, effect, windows, inter)
 
@@ -221,28 +235,51 @@ def decide(
 
     from effect_ledger.sdk.kafka.relay import producer_config
 
-    effect = fold(list(key_events(cfg, key)))
+    effect: Effect | None = None
+    newest = 0  # the newest log time among the key's records
+    for e, log_ms in key_records(cfg, key):
+        effect, _ = apply(effect, e, log_ms)
+        newest = max(newest, log_ms or 0)
     if effect is None:
         raise SourceError(f"no effect with key {key!r} on {cfg.topics.events}")
-    now = now_ms()
+    now = now_ms()  # what the decision claims
     # How long a cut-off call may still land: the declared target's lands_within, else the default.
     grace = target_for(targets or {}, target_name(effect))[0].lands_within_ms
-    refused = decision_refusal(effect, decision, now, grace)
+    # A first check on the best guess of the log's time this side has (this host's clock, or the
+    # key's newest record when the host's clock is behind it); the log's own time decides below.
+    refused = decision_refusal(effect, decision, max(now, newest), grace)
     if refused is not None:
         raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
     d = Decision(uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg))
     codec = kafka_codec(cfg, writes=True)  # publishes its schemas first
     p = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
     errors: list[str] = []
+    logged: list[int | None] = []
+
+    def report(err: Any, msg: Any) -> None:
+        if err:
+            errors.append(str(err))
+        else:
+            logged.append(log_time_of(*msg.timestamp()))
+
     p.produce(
-        cfg.topics.decisions,
-        key=key.encode(),
-        value=codec.encode(d),
-        headers=[codec.header(d)],
-        on_delivery=lambda err, _m: errors.append(str(err)) if err else None,
+        cfg.topics.decisions, key=key.encode(), value=codec.encode(d), headers=[codec.header(d)], on_delivery=report
     )
     if p.flush(30) or errors:
         raise SourceError(
             f"the decision was not acknowledged by Kafka on {cfg.topics.decisions}: {'; '.join(errors) or 'timeout'}"
         )
+    # The log's time decides: a decision the log took while the call could still land is kept, and
+    # changes nothing (this host's clock may be ahead). Say so now rather than let it look taken.
+    if logged and logged[0] is not None and d.decision is DecisionKind.ABSENT:
+        after, _ = apply(effect, d, logged[0])
+        if after.state is not State.ABSENT and Flag.DECISION_IGNORED in after.flags:
+            late = decision_refusal(effect, decision, logged[0], grace)
+            wait = late.retry_after_ms if late is not None else None
+            raise DecisionRefused(
+                key,
+                f"the log took the decision at {iso(logged[0])}, while attempt {effect.attempt} could still land "
+                f"(this host's clock says {iso(now)}): it is recorded and changes nothing; decide again later",
+                wait,
+            )
     return d

@@ -36,7 +36,7 @@ from effect_ledger.streams.config import KafkaConfig
 from tests.incident import EXPECTED, Incident, incident
 from tests.ops_expected import CHECKS, checks_of, expected_checks, expected_targets, now_ms, write_ledger
 from tests.services import Processor
-from tests.topic_io import TopicReader
+from tests.topic_io import TopicReader, recorded_times
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
@@ -121,6 +121,7 @@ def final_state(inc: Incident, key: str) -> str:
 def setup(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     cfg = KafkaConfig(bootstrap=kafka_bootstrap, prefix=f"t{uuid.uuid4().hex[:12]}.", partitions=3)
     ensure_topics(cfg)
+    recorded_times(cfg)  # the incident happened over the last half hour: its records keep their times
     workdir = tmp_path_factory.mktemp("ops-kafka")
     processor = Processor(cfg, workdir / "data")
     try:

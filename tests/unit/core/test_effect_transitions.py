@@ -514,8 +514,13 @@ def test_a_decision_stamped_in_the_future_counts_by_when_the_log_took_it() -> No
     eff, _ = apply(uncertain(), d, log_ms=CALL_DEADLINE + 500)
     assert eff.state is State.UNCERTAIN and Flag.DECISION_IGNORED in eff.flags
     assert eff.log_time(d) == CALL_DEADLINE + 500 and eff.has(d.event_id)
+    # Once the call can no longer land the log's time allows it, but a writer whose clock ran more
+    # than a minute ahead of the log's is flagged and its ABSENT refused.
     later, _ = apply(uncertain(), d, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
-    assert later.state is State.ABSENT
+    assert later.state is State.UNCERTAIN and Flag.CLOCK_SKEW in later.flags
+    honest = decision(DecisionKind.ABSENT, at=CALL_DEADLINE + DECISION_GRACE_MS + 30_000)
+    taken, _ = apply(uncertain(), honest, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
+    assert taken.state is State.ABSENT and Flag.CLOCK_SKEW not in taken.flags
 
 
 def test_a_slow_writers_deadline_is_a_duration_from_when_the_log_took_its_intent() -> None:
