@@ -70,8 +70,21 @@ import faust
 from faust.types import TP
 from faust.web import Request, Response, View
 
+from effect_ledger.core.deadlines import MAX_CLOCK_AHEAD_MS
 from effect_ledger.core.effect import Effect, expire, to_state, uncertain_event
-from effect_ledger.core.model import Event, Executed, Retirement, State, Timeout, misplaced
+from effect_ledger.core.model import (
+    Claimed,
+    Decision,
+    Event,
+    Executed,
+    Intent,
+    Receipt,
+    Resolution,
+    Retirement,
+    State,
+    Timeout,
+    misplaced,
+)
 from effect_ledger.core.reconcile import Target
 from effect_ledger.errors import ConfigError
 from effect_ledger.processors import _faust_internals as faust_internals
@@ -100,6 +113,13 @@ _CACHE_KEYS = 10_000  # decoded effects kept beside the table (the most recently
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+# Who writes each kind of event, for the clock-skew metric.
+_WRITERS: dict[type, str] = {
+    Intent: "agent", Executed: "agent", Receipt: "agent", Resolution: "reconciler", Decision: "operator",
+    Timeout: "processor", Claimed: "processor",
+}  # fmt: skip
 
 
 @dataclass
@@ -208,6 +228,7 @@ class LedgerProcessor:
         # The log's time (its records' LogAppendTime, plus this process's monotonic clock since): what
         # deadlines are decided on here, never this host's wall clock (streams/log_clock.py).
         self.log_clock = LogClock(settings.clock)
+        self._skew_warned: dict[str, float] = {}
         # The timer and the fold (after a batch) both act on due deadlines: one at a time, or both
         # could send a key's Timeout before either marked it sent.
         self._acting = asyncio.Lock()
@@ -399,6 +420,8 @@ class LedgerProcessor:
                     await retirement.apply(self, msg, ev)
             elif ev is not None:
                 items.append((ev.effect_id, event, ev))
+                if self.metrics is not None:
+                    self._observe_skew(event, ev)
         for key, evs in group_by_key(items).items():
             await self._fold_key(key, evs)
         await self.out.flush()
@@ -506,6 +529,26 @@ class LedgerProcessor:
         if ms is not None:
             self.log_clock.observe(ms)
         return ms
+
+    def _observe_skew(self, event: Any, ev: Event) -> None:
+        """Each writer's clock against the log's (the metric), and a warning, at most once a minute a
+        kind of writer, for one that runs more than ``MAX_CLOCK_AHEAD_MS`` ahead."""
+        log_ms = self._log_ms(event)
+        if log_ms is None:
+            return
+        writer = _WRITERS.get(type(ev), "agent")
+        skew = ev.at_ms - log_ms
+        self.metrics.writer_clock_skew.labels(writer=writer).set(skew / 1000)
+        if skew > MAX_CLOCK_AHEAD_MS:
+            self.metrics.clock_skew_flagged.labels(writer=writer).inc()
+            now = time.monotonic()
+            if now - self._skew_warned.get(writer, -60.0) >= 60:
+                self._skew_warned[writer] = now
+                who = getattr(ev, "worker", None) or getattr(ev, "by", None) or getattr(ev, "reconciler", "?")
+                log.warning(
+                    "%s %s's clock is %.1f s ahead of the log's (%s on %s): flagged CLOCK_SKEW, its ABSENT refused",
+                    writer, who, skew / 1000, type(ev).__name__, ev.effect_id,
+                )  # fmt: skip
 
     def table_key(self, key: str) -> bytes:
         """The bytes the table stores ``key`` under."""

@@ -88,6 +88,20 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
         "(blocks, index and filter blocks, the memtables' charge), cache_pinned, memtables, table_readers",
         "worker",
     ),
+    "effect_ledger_writer_clock_skew_seconds": (
+        "gauge",
+        ("writer",),
+        "A writer's clock against the log's, on its latest record: its claimed time minus the broker's append "
+        "time (positive: ahead; negative: behind, or the record reached the log late); writer: agent, reconciler, "
+        "operator, processor",
+        "worker",
+    ),
+    "effect_ledger_clock_skew_flagged_total": (
+        "counter",
+        ("writer",),
+        "Records whose writer's clock ran over a minute ahead of the log's: flagged CLOCK_SKEW, an ABSENT refused",
+        "worker",
+    ),
     "effect_ledger_outbox_depth": (
         "gauge",
         (),

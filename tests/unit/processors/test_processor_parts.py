@@ -325,3 +325,26 @@ def test_the_folds_raw_schema_gives_what_fausts_raw_serializers_give(tmp_path: P
             assert (event.key, event.value) == (faust_own.loads_key(app, msg), faust_own.loads_value(app, msg))
 
     asyncio.run(check())
+
+
+def test_the_batch_fold_takes_each_records_log_time() -> None:
+    """``fold_key`` with ``log_ms_of``: the intent's deadline counts from when the log took it (its
+    writer's clock two hours behind changes nothing), its claim verdict is taken with it, and a
+    timeout the log took before that deadline is not admitted."""
+    from effect_ledger.core.effect import claim_of, timeout_event_id
+    from effect_ledger.core.model import Intent, Timeout, TimeoutPhase
+
+    T0 = 1_760_000_000_000  # noqa: N806
+    slow = 7_200_000
+    i = Intent("i1", KEY, T0 - slow, 1, "payments", "refund.create", "default", "run", "step", "{}", "d" * 64,
+               T0 - slow + 10_000, "w1")  # fmt: skip
+    t = Timeout(timeout_event_id(KEY, 1, TimeoutPhase.CALL), KEY, T0 + 20_000, 1, TimeoutPhase.CALL, T0 + 10_000)
+    logged = {"i1": T0, t.event_id: T0 + 9_999}
+    result = fold_key(None, [(e.event_id, e) for e in (i, t)], lambda e: b"x", logged.get)
+    after = result.after
+    assert after is not None and after.state is State.PENDING and after.deadline_ms == T0 + 10_000
+    verdict = claim_of(after, 1)
+    assert verdict is not None and after.log_time(verdict) == T0
+    assert not after.has(t.event_id)  # taken before the deadline on the log's time: not a fact
+    on_time = fold_key(after, [(t.event_id, t)], lambda e: b"x", {t.event_id: T0 + 10_000}.get).after
+    assert on_time is not None and on_time.state is State.UNCERTAIN
