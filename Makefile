@@ -58,6 +58,7 @@ demo-kafka: venv
 test: venv venv-dbos
 	@bash scripts/install-postgres.sh
 	@bash scripts/install-browser.sh
+	@bash scripts/install-faketime.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 
@@ -72,6 +73,7 @@ test-crash: venv
 	@$(PY) -m pytest tests/crash $(PYTEST_ARGS)
 
 test-faults: venv
+	@bash scripts/install-faketime.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
 # The console's browser test: Debian's chromium and chromium-driver, installed when missing (as root).

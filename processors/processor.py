@@ -100,9 +100,10 @@ from effect_ledger.sdk.kafka.claims import Watermarks
 from effect_ledger.sdk.kafka.lookup import TOKEN_ENV
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams import codec as codec_mod
+from effect_ledger.streams.admin import LOG_TIME
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
-from effect_ledger.streams.log_clock import LogClock, log_time_of
+from effect_ledger.streams.log_clock import LogClock, log_time_of_message
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.schema_topic import kafka_codec
 
@@ -223,6 +224,9 @@ class LedgerProcessor:
             partitions=k.partitions,
             key_type=str,
             value_type=bytes,  # the store picks the "raw" codec for bytes: table_value's encoding, untouched
+            # The broker stamps the changelog's records (a CreateTime topic would refuse them from a
+            # worker whose clock runs over an hour ahead: streams/admin.py, LOG_TIME).
+            extra_topic_configs=dict(LOG_TIME),
         )
         self.index = DeadlineIndex(grace_ms=settings.grace_ms)
         # The log's time (its records' LogAppendTime, plus this process's monotonic clock since): what
@@ -523,9 +527,7 @@ class LedgerProcessor:
     def _log_ms(self, event: Any) -> int | None:
         """When the log took this record (its LogAppendTime; None on a topic whose records carry the
         producer's time), noted as the log's latest time and against its writer's claimed time."""
-        msg = event.message
-        ts = msg.timestamp
-        ms = log_time_of(getattr(msg, "timestamp_type", None), round(ts * 1000) if ts is not None else None)
+        ms = log_time_of_message(event.message)
         if ms is not None:
             self.log_clock.observe(ms)
         return ms

@@ -24,7 +24,7 @@ from typing import Any
 from effect_ledger.core.effect import to_state
 from effect_ledger.core.model import Retirement
 from effect_ledger.core.retention import Retired, why_not
-from effect_ledger.streams.log_clock import log_time_of
+from effect_ledger.streams.log_clock import log_time_of_message
 
 log = logging.getLogger("effect_ledger.processor")
 
@@ -82,8 +82,7 @@ async def apply(processor: Any, msg: Any, cmd: Retirement) -> None:
             return
         # The sweep saw the published state's version, which does not count claim verdicts. Whether the
         # effect is due counts on the log's time (when the log took the command), not the sweeper's.
-        ts = msg.timestamp
-        now = log_time_of(getattr(msg, "timestamp_type", None), round(ts * 1000) if ts is not None else None)
+        now = log_time_of_message(msg)
         now = cmd.at_ms if now is None else now
         why = why_not(effect.state, effect.updated_ms, to_state(effect).version, now, cmd.after_ms, cmd.version)
         if why is not None:

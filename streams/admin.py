@@ -47,8 +47,11 @@ class Drift:
 # ...) are the operator's.
 CHECKED_CONFIGS = ("cleanup.policy", "retention.ms", "min.insync.replicas", "message.timestamp.type")
 
-# The topics whose records' times decide something (deadlines, decisions, reconcilers' "now"): the
-# broker stamps each record as it appends it, so no writer's clock does (streams/log_clock.py).
+# Every topic: the broker stamps each record as it appends it, so no writer's clock does. On the
+# topics whose times decide something (events, decisions, uncertain) that is the log's time
+# (streams/log_clock.py); on every topic it also means the broker never refuses a record for its
+# writer's clock (a CreateTime topic refuses one stamped over log.message.timestamp.after.max.ms,
+# an hour by default, ahead of the broker: a writer whose clock runs ahead could not write at all).
 LOG_TIME = {"message.timestamp.type": "LogAppendTime"}
 
 
@@ -78,29 +81,29 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
             f"min.insync.replicas {cfg.min_insync} must be between 1 and the replication factor {cfg.replication}"
         )
     # Every topic: an acks=all write is acknowledged only once min.insync.replicas replicas have it.
-    isr = {"min.insync.replicas": str(cfg.min_insync)}
+    isr = {"min.insync.replicas": str(cfg.min_insync), **LOG_TIME}
     keep = {"retention.ms": "-1", "cleanup.policy": "delete", **isr}  # the event log is the audit record
     return [
-        TopicSpec(t.events, cfg.partitions, cfg.replication, {**keep, **LOG_TIME}),
+        TopicSpec(t.events, cfg.partitions, cfg.replication, keep),
         # Compacted: the latest state per effect is what subscribers and the SQL sink need.
         TopicSpec(t.state, cfg.partitions, cfg.replication, {"cleanup.policy": "compact", **isr}),
         TopicSpec(
             t.uncertain,
             cfg.partitions,
             cfg.replication,
-            {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **isr, **LOG_TIME},
+            {"cleanup.policy": "delete", "retention.ms": str(7 * 24 * 3600 * 1000), **isr},
         ),
         TopicSpec(t.dlq, cfg.partitions, cfg.replication, keep),
         # Decisions are facts of the event log too (kept forever), on a topic of their own so that
         # Kafka ACLs can allow only operators to write it. Co-partitioned with effects.events: the
         # processor folds both into one table.
-        TopicSpec(t.decisions, cfg.partitions, cfg.replication, {**keep, **LOG_TIME}),
+        TopicSpec(t.decisions, cfg.partitions, cfg.replication, keep),
         # The keys of encrypted request bodies (effect_ledger/sdk/kafka/keyring.py): compacted, and cleaned
         # soon after a key is erased (its tombstone), so an erased key leaves the broker's disks
         # within hours (segment.ms + delete.retention.ms), not whenever a segment happens to fill.
-        TopicSpec(t.keys, cfg.partitions, cfg.replication, KEYS_TOPIC_CONFIG),
+        TopicSpec(t.keys, cfg.partitions, cfg.replication, {**KEYS_TOPIC_CONFIG, **LOG_TIME}),
         # Every writer schema, one record per fingerprint for ever (streams/schema_topic.py).
-        TopicSpec(t.schemas, 1, cfg.replication, {"cleanup.policy": "compact"}),
+        TopicSpec(t.schemas, 1, cfg.replication, {"cleanup.policy": "compact", **LOG_TIME}),
     ]
 
 

@@ -13,9 +13,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
-#: A record's timestamp type when the broker stamped it (Kafka's TimestampType.LOG_APPEND_TIME).
-LOG_APPEND_TIME = 1
+#: A record's timestamp type when the broker stamped it, as confluent-kafka's ``Message.timestamp()``
+#: says it (``TIMESTAMP_LOG_APPEND_TIME``; its CreateTime is 1).
+LOG_APPEND_TIME = 2
+#: The same, as aiokafka (and so faust) says it: Kafka's own ``TimestampType.LOG_APPEND_TIME`` (its
+#: CreateTime is 0).
+AIOKAFKA_LOG_APPEND_TIME = 1
 
 
 def wall_ms() -> int:
@@ -61,11 +66,20 @@ class LogClock:
 
 
 def log_time_of(timestamp_type: int | None, timestamp_ms: int | None) -> int | None:
-    """A record's log time: its timestamp when the broker stamped it (LogAppendTime), else None (the
-    producer's clock stamped it: a writer's claim)."""
+    """A confluent-kafka record's log time (``log_time_of(*msg.timestamp())``): its timestamp when the
+    broker stamped it (LogAppendTime), else None (the producer's clock stamped it: a writer's claim)."""
     if timestamp_type == LOG_APPEND_TIME and timestamp_ms is not None and timestamp_ms >= 0:
         return int(timestamp_ms)
     return None
 
 
-__all__ = ["LOG_APPEND_TIME", "LogClock", "log_time_of", "wall_ms"]
+def log_time_of_message(msg: Any) -> int | None:
+    """The same for an aiokafka or faust message (``timestamp`` in seconds, ``timestamp_type`` as
+    Kafka numbers it)."""
+    ts = getattr(msg, "timestamp", None)
+    if getattr(msg, "timestamp_type", None) != AIOKAFKA_LOG_APPEND_TIME or ts is None or ts < 0:
+        return None
+    return round(ts * 1000)
+
+
+__all__ = ["AIOKAFKA_LOG_APPEND_TIME", "LOG_APPEND_TIME", "LogClock", "log_time_of", "log_time_of_message", "wall_ms"]

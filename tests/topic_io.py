@@ -206,12 +206,13 @@ def run_agent(
     run_id: str,
     timeout: float,
     extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """The demo agent in Kafka mode (intent acknowledged by Kafka before the call), killing itself with
     SIGKILL at the crash point ``crash`` ("" for none). Its order id is its run id. ``extra``: more
-    agent options (``--kind``, ``--lookup``)."""
+    agent options (``--kind``, ``--lookup``); ``env``: more environment (a skewed clock)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, EFFECT_LEDGER_CRASH=crash)
+    env = dict(os.environ, EFFECT_LEDGER_CRASH=crash, **(env or {}))
     return subprocess.Popen(
         [
             sys.executable, "-m", "effect_ledger.demo.agent", "--mode", "ledger", "--kafka", cfg.bootstrap,

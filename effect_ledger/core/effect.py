@@ -344,13 +344,33 @@ def claim_verdict(effect: Effect, event: Event) -> Claimed | None:
     """The verdict to record when ``event`` was just folded into ``effect`` in its partition's order
     (the processor's fold): an intent of an attempt with no verdict yet owns that attempt. None for
     anything else, including any later intent of a claimed attempt: a verdict once given never
-    changes. Every field derives from the intent, so whoever folds the partition records the same."""
+    changes. Every field derives from the intent, so whoever folds the partition records the same. An
+    intent of attempt n > 1 gets a verdict naming nobody (``REFUSED_CLAIM``) unless the facts before
+    it settle attempt n-1 as FAILED or ABSENT: the log, not an agent's view, says when a retry is safe."""
     if not isinstance(event, Intent):
         return None
     event_id = claimed_event_id(event.effect_id, event.attempt)
     if effect.has(event_id):
         return None
+    if event.attempt > 1 and not _may_start(effect, event.attempt):
+        # The log has not settled the attempt before (FAILED or ABSENT on its own time): whatever
+        # an agent's own view said, nobody owns this one. Its intents are lost claims: never called.
+        return Claimed(event_id, event.effect_id, event.at_ms, event.attempt, REFUSED_CLAIM, REFUSED_CLAIM)
     return Claimed(event_id, event.effect_id, event.at_ms, event.attempt, event.event_id, event.worker)
+
+
+#: The intent id and worker of a claim verdict that gives an attempt to nobody (``claim_verdict``).
+REFUSED_CLAIM = ""
+
+
+def _may_start(effect: Effect, attempt: int) -> bool:
+    """Whether the facts before ``attempt`` settle the attempt before it as FAILED or ABSENT: only
+    then may another attempt call the destination."""
+    before = tuple(f for f in effect.facts if f.attempt < attempt)
+    if not before:
+        return False
+    prior = _derive(effect.effect_id, before, effect.logged)
+    return prior.attempt == attempt - 1 and prior.state in (State.FAILED, State.ABSENT)
 
 
 def claim_of(effect: Effect, attempt: int) -> Claimed | None:
@@ -398,10 +418,12 @@ class Refusal(NamedTuple):
 
 
 def decision_refusal(
-    effect: Effect, decision: DecisionKind, now_ms: int, grace_ms: int = DECISION_GRACE_MS
+    effect: Effect, decision: DecisionKind, now_ms: int | None, grace_ms: int = DECISION_GRACE_MS
 ) -> Refusal | None:
     """Whether a person may record ``decision`` on ``effect`` at ``now_ms`` (None: they may).
-    ``now_ms`` is on the log's time (``Ledger.decide`` passes the log's time when it knows it).
+    ``now_ms`` is on the log's time; None when the writer cannot know it (an operator's tool that
+    reads the topics: its host's clock is a claim): then only what no time can change is refused,
+    and the time the log takes the decision decides.
 
     ABSENT tells agents that the effect never happened, so the next ``execute`` runs it again. It is
     refused while the current attempt may still be in flight: its state is PENDING or EXECUTED (the
@@ -416,7 +438,7 @@ def decision_refusal(
     if deadline is None:
         return Refusal(f"no intent of attempt {effect.attempt} is known: nothing says when its call would stop", None)
     until = may_still_land_until_ms(deadline, grace_ms)
-    wait = until - now_ms if now_ms < until else None
+    wait = until - now_ms if now_ms is not None and now_ms < until else None
     if effect.state in IN_FLIGHT_STATES:
         return Refusal(
             f"attempt {effect.attempt} is {effect.state.value}: its call may still land; wait until its deadline "
@@ -547,7 +569,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
     if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
         flags.append(Flag.INEXACT_RECEIPT)
     # A writer's clock that ran ahead of the log's: flagged, and its ABSENT claims refused (_early).
-    ahead = {eid for eid, ms in logged if _claimed(facts, eid) - ms > MAX_CLOCK_AHEAD_MS} if logged else set()
+    ahead = {f.event_id for f in facts if f.at_ms - log_of(f) > MAX_CLOCK_AHEAD_MS} if logged else set()
     if ahead:
         flags.append(Flag.CLOCK_SKEW)
     # Only ABSENT decisions and answers need the windows; each counts once the log took it at or
@@ -583,11 +605,6 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
         reason=reason,
         logged=logged,
     )
-
-
-def _claimed(facts: tuple[Event, ...], event_id: str) -> int:
-    """The writer's claimed time of the fact ``event_id``."""
-    return next(f.at_ms for f in facts if f.event_id == event_id)
 
 
 def _arbitrated(

@@ -236,18 +236,18 @@ def decide(
     from effect_ledger.sdk.kafka.relay import producer_config
 
     effect: Effect | None = None
-    newest = 0  # the newest log time among the key's records
+    logged_times = False
     for e, log_ms in key_records(cfg, key):
         effect, _ = apply(effect, e, log_ms)
-        newest = max(newest, log_ms or 0)
+        logged_times = logged_times or log_ms is not None
     if effect is None:
         raise SourceError(f"no effect with key {key!r} on {cfg.topics.events}")
     now = now_ms()  # what the decision claims
     # How long a cut-off call may still land: the declared target's lands_within, else the default.
     grace = target_for(targets or {}, target_name(effect))[0].lands_within_ms
-    # A first check on the best guess of the log's time this side has (this host's clock, or the
-    # key's newest record when the host's clock is behind it); the log's own time decides below.
-    refused = decision_refusal(effect, decision, max(now, newest), grace)
+    # On topics the broker stamps, this host cannot know the log's time (its clock is a claim): only
+    # what no time changes is refused here, and the time the log takes the decision decides below.
+    refused = decision_refusal(effect, decision, None if logged_times else now, grace)
     if refused is not None:
         raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
     d = Decision(uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg))

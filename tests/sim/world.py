@@ -39,6 +39,7 @@ write is in the log.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import random
@@ -47,7 +48,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from effect_ledger.core.effect import (
+    REFUSED_CLAIM,
     Effect,
+    absorb,
     apply,
     attempt_deadline,
     claim_of,
@@ -264,6 +267,11 @@ class World:
                 if new is cur and type(ev).__name__ == "Timeout" and cur is not None and not cur.has(ev.event_id):
                     self.seen["timeout not admitted"] += 1
                 verdict = claim_verdict(new, ev) if new is not cur else None
+                if verdict is not None and not self.fixed and verdict.intent_id == REFUSED_CLAIM:
+                    # Before: the first intent of an attempt owned it, settled or not.
+                    verdict = dataclasses.replace(verdict, intent_id=ev.event_id, worker=ev.worker)  # type: ignore[union-attr]
+                if verdict is not None and verdict.intent_id == REFUSED_CLAIM:
+                    self.seen["claim refused: the attempt before not settled"] += 1
                 if verdict is not None:
                     new, more = apply(new, verdict, log_ms) if self.fixed else apply(new, verdict)
                     emitted = (*emitted, *more)
@@ -352,9 +360,12 @@ class World:
             getattr(self, f"_agent_{task.step}")(a, task)
 
     def _view(self, task: Task) -> Effect | None:
-        """What the agent learns about the key: the processor's folded effect (a lookup), once the
-        log holds everything it wrote (the sync write it waited for)."""
-        return self.effects[task.key]
+        """What the agent learns about the key: the processor's facts (a lookup), once the log holds
+        everything it wrote (the sync write it waited for), folded in its own file: without the log's
+        times, which a lookup does not carry. What the log decides reaches it as the processor's claim
+        verdicts."""
+        e = self.effects[task.key]
+        return absorb(None, list(e.facts))[0] if e is not None else None
 
     def _spec(self, task: Task) -> CallSpec:
         return CallSpec("pay", "refund", "default", "run", "step", task.canonical, task.digest, TIMEOUT_S)

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from effect_ledger.core.effect import Effect, claim_of, fold
+from effect_ledger.core.effect import REFUSED_CLAIM, Effect, claim_of, fold
 from effect_ledger.core.model import Event, Intent, State
 from effect_ledger.core.plan import conflict_with
 from effect_ledger.errors import EffectInProgress, LedgerUnavailable
@@ -173,6 +173,13 @@ async def settle(
     now = clock()
     owner = effect.intent if effect.intent is not None and effect.intent.event_id == verdict.intent_id else None
     retry = max(0, owner.deadline_ms - now) if owner is not None else None
+    if verdict.intent_id == REFUSED_CLAIM:
+        raise EffectInProgress(
+            key,
+            f"the ledger refused attempt {intent.attempt}: attempt {intent.attempt - 1} is not settled FAILED or "
+            "ABSENT on the log's time (its call may still land); destination not called, ask again later",
+            None,
+        )
     raise EffectInProgress(
         key, f"worker {verdict.worker} claimed attempt {intent.attempt} first (this intent lost the claim)", retry
     )

@@ -3,7 +3,9 @@ plus the monotonic time since; never the host's wall clock once a log time is kn
 
 from __future__ import annotations
 
-from effect_ledger.streams.log_clock import LOG_APPEND_TIME, LogClock, log_time_of
+from types import SimpleNamespace
+
+from effect_ledger.streams.log_clock import LOG_APPEND_TIME, LogClock, log_time_of, log_time_of_message
 
 
 class Fake:
@@ -47,6 +49,13 @@ def test_an_older_record_does_not_move_it_back_a_newer_one_moves_it_on() -> None
 
 
 def test_only_a_time_the_broker_stamped_is_a_log_time() -> None:
+    import confluent_kafka
+
+    assert LOG_APPEND_TIME == confluent_kafka.TIMESTAMP_LOG_APPEND_TIME
     assert log_time_of(LOG_APPEND_TIME, 1_234) == 1_234
-    assert log_time_of(0, 1_234) is None  # CreateTime: the producer's clock, a writer's claim
+    # CreateTime: the producer's clock, a writer's claim
+    assert log_time_of(confluent_kafka.TIMESTAMP_CREATE_TIME, 1_234) is None
     assert log_time_of(LOG_APPEND_TIME, -1) is None and log_time_of(None, None) is None
+    # aiokafka and faust number them as Kafka does: 0 CreateTime, 1 LogAppendTime; seconds
+    assert log_time_of_message(SimpleNamespace(timestamp=1.234, timestamp_type=1)) == 1_234
+    assert log_time_of_message(SimpleNamespace(timestamp=1.234, timestamp_type=0)) is None
