@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from effect_ledger.errors import OutputRefused
+from effect_ledger.streams.log_clock import log_time_of
 
 #: The ``client.id`` of the worker's fold writer (its producer), as the broker's logs and quotas see it.
 CLIENT_ID = "effect-ledger-fold"
@@ -56,6 +57,9 @@ class BatchWriter:
         persist_offset: Callable[[int, int], None],
     ) -> None:
         self._producer = producer
+        # Called with the broker's append time of each output record acknowledged: the freshest log
+        # time there is, even while the worker catches up on a backlog of older records.
+        self.on_log_time: Callable[[int], None] | None = None
         self._changelog = changelog
         self._db_for = db_for
         self._write_batch = write_batch
@@ -142,3 +146,8 @@ class BatchWriter:
     def _on_output(self, err: Any, msg: Any) -> None:
         if err is not None:
             self._errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+            return
+        if self.on_log_time is not None:
+            log_ms = log_time_of(*msg.timestamp())
+            if log_ms is not None:
+                self.on_log_time(log_ms)

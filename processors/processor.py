@@ -576,6 +576,7 @@ class LedgerProcessor:
                 write_batch,
                 lambda p, offset: faust_internals.persist_changelog_offset(self.table, p, offset),
             )
+            self._out.on_log_time = self.log_clock.observe
         return self._out
 
     def _publish(self, key: str, effect: Effect, emitted: Any, part: int) -> None:

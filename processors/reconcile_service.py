@@ -167,8 +167,11 @@ class ReconcileService:
         failures: list[str] = []
 
         def reporter(i: int) -> Any:
-            def report(err: KafkaError | None, _msg: object) -> None:
-                if err is None:
+            def report(err: KafkaError | None, msg: Any) -> None:
+                if err is None:  # a fresh append: the log's time now (its work items may be a backlog)
+                    log_ms = log_time_of(*msg.timestamp())
+                    if log_ms is not None:
+                        self.log_clock.observe(log_ms)
                     return
                 if err.code() in _RECORD_ERRORS:
                     refused.append((i, f"Kafka refused it: {err.str()}"))
