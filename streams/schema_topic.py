@@ -30,6 +30,7 @@ from typing import Any
 from effect_ledger.errors import SchemaTopicError
 from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.log_clock import log_time_of
 from effect_ledger.streams.registry import RegistryClient
 from effect_ledger.streams.watermarks import high_watermark
 
@@ -58,14 +59,25 @@ def schema_value(raw: dict[str, Any]) -> bytes:
 _CANCEL_SLICE_S = 0.25
 
 
+def broker_now(cfg: KafkaConfig, schema: dict[str, Any], timeout: float = 30.0) -> int | None:
+    """The log's time now, asked of the broker: ``schema`` (one this writer publishes anyway) is
+    published again (the same key and value on a compacted topic: nothing changes) and its append
+    time read from the acknowledgement. None on a topic that keeps the producer's time."""
+    seen: list[int] = []
+    publish_schemas(cfg, [schema], timeout, log_times=seen)
+    return max(seen) if seen else None
+
+
 def publish_schemas(
     cfg: KafkaConfig,
     writer_schemas: Iterable[dict[str, Any]],
     timeout: float = 30.0,
     cancel: threading.Event | None = None,
+    log_times: list[int] | None = None,
 ) -> int:
     """Publish writer schemas (parsed JSON) to ``effects.schemas`` and wait until the broker
-    acknowledged each (acks=all). Returns how many were published. Raises SchemaTopicError, also
+    acknowledged each (acks=all); ``log_times`` gets their append times (LogAppendTime topics).
+    Returns how many were published. Raises SchemaTopicError, also
     when ``cancel`` is set while it waits: a writer that closes does not wait out the timeout for
     a broker that is gone (a program would not exit until this thread ended)."""
     from confluent_kafka import KafkaError, KafkaException, Producer
@@ -75,9 +87,13 @@ def publish_schemas(
     errors: list[str] = []
     deadline = time.monotonic() + timeout
 
-    def report(err: Any, _msg: Any) -> None:
+    def report(err: Any, msg: Any) -> None:
         if err is not None:
             errors.append(str(err))
+        elif log_times is not None:
+            log_ms = log_time_of(*msg.timestamp())
+            if log_ms is not None:
+                log_times.append(log_ms)
 
     def remaining() -> float:
         if cancel is not None and cancel.is_set():

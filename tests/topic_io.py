@@ -243,3 +243,14 @@ def recorded_times(cfg: KafkaConfig) -> None:
     ]
     for fut in admin.incremental_alter_configs(resources).values():
         fut.result(30)
+
+
+def untimed(s: Any) -> Any:
+    """A state record without its times, to compare what the processor published with a fold of
+    the same events: the processor's times are the log's (when the broker took each event), a
+    test's fold has the writers' claims; everything else is folded alike."""
+    import dataclasses
+
+    if s is None:
+        return None
+    return dataclasses.replace(s, created_ms=0, updated_ms=0, deadline_ms=None if s.deadline_ms is None else 0)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from effect_ledger import schemas
 from effect_ledger.core.effect import Effect, apply, decision_refusal
 from effect_ledger.core.model import (
     UNSETTLED_STATES,
@@ -37,7 +38,7 @@ from effect_ledger.ops.sources import SourceError, db_events, key_records, lates
 from effect_ledger.sdk.store.reader import LedgerReader
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.log_clock import log_time_of
-from effect_ledger.streams.schema_topic import kafka_codec
+from effect_ledger.streams.schema_topic import broker_now, kafka_codec
 
 INTERMEDIATE = UNSETTLED_STATES  # open, or escalated to a person
 
@@ -245,9 +246,10 @@ def decide(
     now = now_ms()  # what the decision claims
     # How long a cut-off call may still land: the declared target's lands_within, else the default.
     grace = target_for(targets or {}, target_name(effect))[0].lands_within_ms
-    # On topics the broker stamps, this host cannot know the log's time (its clock is a claim): only
-    # what no time changes is refused here, and the time the log takes the decision decides below.
-    refused = decision_refusal(effect, decision, None if logged_times else now, grace)
+    # On topics the broker stamps, this host's clock is a claim: the check runs on the broker's time
+    # (asked of it), and the time the log takes the decision decides below all the same.
+    log_now = broker_now(cfg, schemas.load("Decision")) if logged_times else now
+    refused = decision_refusal(effect, decision, log_now, grace)
     if refused is not None:
         raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
     d = Decision(uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg))

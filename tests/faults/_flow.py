@@ -18,7 +18,7 @@ from effect_ledger.core.effect import fold, to_state
 from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from effect_ledger.streams.config import KafkaConfig
 from tests.services import Processor
-from tests.topic_io import RawProducer, TopicReader
+from tests.topic_io import RawProducer, TopicReader, untimed
 
 
 def now_ms() -> int:
@@ -131,7 +131,7 @@ class Flow:
 def mismatches(states: TopicReader, expected: dict[str, Any]) -> dict[str, Any]:
     states.poll()
     latest = states.latest()
-    return {k: (latest.get(k), s) for k, s in expected.items() if latest.get(k) != s}
+    return {k: (latest.get(k), s) for k, s in expected.items() if untimed(latest.get(k)) != untimed(s)}
 
 
 def describe(bad: dict[str, Any], n: int = 5) -> str:

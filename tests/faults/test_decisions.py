@@ -49,7 +49,7 @@ from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, TopicReader, run_agent, running
+from tests.topic_io import RawProducer, TopicReader, recorded_times, run_agent, running
 
 WAIT = 60.0
 
@@ -156,6 +156,7 @@ def test_resolve_absent_is_refused_for_the_declared_lands_within(
     )
     where_flags: list[str]
     if where == "kafka":
+        recorded_times(kafka_config)  # the test writes a history (a deadline 5 s ago): its records keep their times
         p = RawProducer(kafka_config)
         p.event(intent(key, t - 10_000, t - 5_000))
         p.event(cut_off)
@@ -281,6 +282,7 @@ def test_resolve_writes_to_the_decisions_topic_with_the_writers_identity(kafka_c
     accepted; the decision goes to ``effects.decisions`` (not ``effects.events``, which every agent
     may write), on the key's partition, and names the OS user who wrote it beside ``--by``."""
     cfg = kafka_config
+    recorded_times(cfg)  # the test writes a history (ten minutes ago): its records keep their times
     key = "payments:timed-out"
     t = now_ms() - 600_000
     p = RawProducer(cfg)

@@ -16,7 +16,7 @@ from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.faults._flow import answered, commits, intent, now_ms
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, TopicReader, running
+from tests.topic_io import RawProducer, TopicReader, running, untimed
 
 WAIT = 90.0
 
@@ -68,6 +68,6 @@ def test_a_batch_kafka_refuses_stops_the_worker_and_is_not_committed(kafka_confi
 
             def published() -> bool:
                 states.poll()
-                return states.latest().get(key) == to_state(expected)
+                return untimed(states.latest().get(key)) == untimed(to_state(expected))
 
             wait_for(published, WAIT, "the intent's state on effects.state")

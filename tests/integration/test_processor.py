@@ -43,7 +43,7 @@ from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.sdk_contract import DECLARED
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, Record, TopicReader, one_key_per_partition, run_agent, running
+from tests.topic_io import RawProducer, Record, TopicReader, one_key_per_partition, run_agent, running, untimed
 
 WAIT = 60.0
 
@@ -60,7 +60,7 @@ def decode_events(body: dict[str, Any]) -> list[Any]:
 def states_match(reader: TopicReader, expected: dict[str, EffectState]) -> dict[str, Any] | None:
     reader.poll()
     latest = reader.latest()
-    return latest if all(latest.get(k) == v for k, v in expected.items()) else None
+    return latest if all(untimed(latest.get(k)) == untimed(v) for k, v in expected.items()) else None
 
 
 def folded_by_key(records: list[Record]) -> dict[str, Effect]:
@@ -210,10 +210,13 @@ def test_deadline_of_a_dead_agent_fires_a_timeout_then_an_uncertain_effect(
         assert agent.returncode == -9, out.decode(errors="replace")  # killed itself after the intent
 
         # The agent waited for Kafka's ack of its intent (sync) before it died.
-        intents = events.until(lambda rs: [r.value for r in rs if isinstance(r.value, Intent)], 10, "the intent")
+        intents = events.until(lambda rs: [r for r in rs if isinstance(r.value, Intent)], 10, "the intent")
         assert len(intents) == 1
-        i = intents[0]
-        key, deadline = i.effect_id, i.deadline_ms
+        i = intents[0].value
+        assert isinstance(i, Intent)
+        # The deadline is a duration from when the log took the intent (its LogAppendTime), not the
+        # agent's claimed time.
+        key, deadline = i.effect_id, intents[0].timestamp_ms + (i.deadline_ms - i.at_ms)
 
         # Before the deadline the call may still land: the effect stays PENDING and nothing is sent.
         status, body = proc.lookup(key)
@@ -373,7 +376,7 @@ def test_kill_9_mid_stream_and_restart(kafka_config: KafkaConfig, tmp_path: Path
             stale = {
                 k: (latest[k].state.value, latest[k].version, want_states[k].state.value, want_states[k].version)
                 for k in want_states
-                if k in latest and latest[k] != want_states[k]
+                if k in latest and untimed(latest[k]) != untimed(want_states[k])
             }
             asked = lookup_all(proc, [*missing[:5], *list(stale)[:5]])
             table = {k: (status, body.get("state"), body.get("version")) for k, (status, body) in asked.items()}

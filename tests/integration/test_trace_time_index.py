@@ -21,6 +21,7 @@ from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from tests.ops_expected import now_ms
+from tests.topic_io import recorded_times
 
 DAY = 86_400_000
 
@@ -60,6 +61,7 @@ def trace_json(cfg: KafkaConfig, key: str, *extra: str) -> dict[str, object]:
 
 def test_trace_reads_from_the_first_intent_not_from_offset_0(kafka_config: KafkaConfig) -> None:
     cfg = kafka_config
+    recorded_times(cfg)  # the test writes a history days long: its records keep their times
     now = now_ms()
     recent = effect_key("payments", "refund.create", "run-t", "recent")
     older = effect_key("payments", "refund.create", "run-t", "three-days")
@@ -98,6 +100,7 @@ def test_trace_reads_from_the_first_intent_not_from_offset_0(kafka_config: Kafka
 
 def test_trace_since_after_the_effect_finds_nothing(kafka_config: KafkaConfig) -> None:
     cfg = kafka_config
+    recorded_times(cfg)  # the test writes a history days long: its records keep their times
     now = now_ms()
     key = effect_key("payments", "refund.create", "run-t", "gone")
     produce(cfg, [intent(key, now - 2 * DAY), executed(key, now - 2 * DAY + 5)])
