@@ -94,15 +94,14 @@ class Executor:
         lookup: ProcessorLookup | None = None,
         sync_timeout: float | None = None,
         keyring: Keyring | None = None,
-        log_now: Callable[[], int] | None = None,
     ) -> None:
         self.store = store
         self.keyring = keyring  # opens sealed request bodies for reconcilers (None: nothing sealed)
-        self.clock = clock  # what events claim as their time (a writer's clock: data)
-        # What every comparison of times uses (deadlines, "may it still land?"): the log's time, in
-        # Kafka mode the broker's append time the relay read on its last acknowledgement plus the
-        # time measured since; embedded, the file's one clock (``clock``).
-        self.log_now = log_now or clock
+        # This ledger's clock: the times its events claim, and what its plan compares with its file's
+        # facts (their writers' claims). In Kafka mode what it writes counts only as the log decides:
+        # the processor folds on the broker's time, and its claim verdict says when a new attempt may
+        # call (``core.effect.claim_verdict``), whatever this clock says.
+        self.clock = clock
         self.targets = targets
         self.relay = relay
         self.lookup = lookup
@@ -144,9 +143,7 @@ class Executor:
         """The plan's input: ``loaded``, the time, this worker, and whether the claim's owner lives."""
         owner = loaded.claim.owner
         alive = owner_alive(owner, key) if owner is not None and owner != self.worker else None
-        return Known(
-            loaded.effect, owner, loaded.claim.until_ms, self.log_now(), self.worker, alive, self.confirm_claims
-        )
+        return Known(loaded.effect, owner, loaded.claim.until_ms, self.clock(), self.worker, alive, self.confirm_claims)
 
     # -- execute -----------------------------------------------------------------------------
 
@@ -196,18 +193,18 @@ class Executor:
         """Ask the destination about the open earlier attempt (its worker is gone), record the
         answer, and plan again on it."""
         effect = asked.effect
-        due = expire(effect, self.log_now())
+        due = expire(effect, self.clock())
         if due:  # record what is already true, so the answer below reports UNCERTAIN, not PENDING
             effect = await self.record(effect, list(due))
         target = self.target(spec.target)
-        asked_at = self.log_now()
+        asked_at = self.clock()
         answer, name = await self.ask(effect, target, call, spec.timeout)
         effect, resolution = await self.record_answer(effect, target, answer, name, asked_at)
         # Asking again can change an unknown answer once the old call has stopped (its deadline),
         # and an "absent" given too early once the call can no longer land.
         deadline = attempt_deadline(effect, effect.attempt) or 0
         until = target.may_still_land_until_ms(deadline) if answered_too_early(resolution) else deadline
-        return effect, after_answer(asked, effect, resolution, self.log_now(), self.confirm_claims, until)
+        return effect, after_answer(asked, effect, resolution, self.clock(), self.confirm_claims, until)
 
     async def refuse_retired(self, key: str) -> None:
         """``EffectRetired`` for a retired key: only such a key has no events yet cannot be
@@ -235,7 +232,7 @@ class Executor:
             )
             shown = dataclasses.replace(shown, request=req)
         return await ask(
-            shown, target, self.log_now(), declared=declared, replay=replay,
+            shown, target, self.clock(), declared=declared, replay=replay,
             receipt_of=lambda value: receipt_of(target, value)[0],
         )  # fmt: skip
 
@@ -245,7 +242,7 @@ class Executor:
         if effect is None or effect.state not in OPEN_STATES:
             return effect
         target, declared = target_for(self.targets, target_name(effect))
-        asked_at = self.log_now()
+        asked_at = self.clock()
         answer, asked = await self.ask(effect, target, call, call_timeout, declared=declared)
         return (await self.record_answer(effect, target, answer, asked, asked_at))[0]
 

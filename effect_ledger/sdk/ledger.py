@@ -35,7 +35,6 @@ records the facts that come later (webhook receipts, deadlines, people's decisio
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -70,7 +69,6 @@ from effect_ledger.sdk.kafka.remote import merge_remote
 from effect_ledger.sdk.receipts import Confirmation, new_event_id, wall_clock_ms
 from effect_ledger.sdk.store.sqlite import Durability, Store
 from effect_ledger.streams.config import KafkaConfig, operator_identity
-from effect_ledger.streams.log_clock import LogClock
 from effect_ledger.targets.load import TargetsSpec
 from effect_ledger.targets.load import resolve as resolve_targets
 
@@ -118,17 +116,9 @@ class Ledger:
         self._lookup = lookup
         self._metrics_server = metrics_server
         self.keyring: Keyring = keyring if keyring is not None else FileKeyring(store)
-        # The log's time, for every comparison of times: in Kafka mode the broker's append time read
-        # on each acknowledgement of the relay (topics with LogAppendTime), plus what was measured
-        # since (by ``clock`` when one is given, as tests give one; else the monotonic clock).
-        # Embedded, and before the first acknowledgement, ``clock`` is the log's clock.
-        self._log_clock = LogClock(clock, time.monotonic if clock is wall_clock_ms else lambda: clock() / 1000)
-        if relay is not None:
-            relay.log_clock = self._log_clock
         self._executor = Executor(
-            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout, keyring=self.keyring,
-            log_now=self._log_clock.now,
-        )  # fmt: skip
+            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout, keyring=self.keyring
+        )
         self.worker = self._executor.worker
         for t in targets:
             self.register(t)
@@ -338,7 +328,7 @@ class Ledger:
         effect = (await self._store.load(check_key(key))).effect
         if effect is None:
             return None
-        timeouts = expire(effect, self._log_clock.now())
+        timeouts = expire(effect, self._clock())
         return await self._executor.record(effect, list(timeouts)) if timeouts else effect
 
     async def record_receipt(
@@ -397,9 +387,11 @@ class Ledger:
         before = loaded.effect
         if before is None:
             raise UnknownEffect(key, str(self._store.path))
-        now = self._clock()  # what the decision claims; whether it may be made is the log's time's call
+        # Checked on this ledger's clock against its file; in Kafka mode the processor counts it only
+        # once the log took it after the call could no longer land (``core.effect``).
+        now = self._clock()
         grace = target_for(self._targets, target_name(before))[0].lands_within_ms
-        refused = decision_refusal(before, kind, self._log_clock.now(), grace)
+        refused = decision_refusal(before, kind, now, grace)
         if refused is not None:
             raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
         principal = operator_identity(self._relay.cfg if self._relay is not None else None)

@@ -24,7 +24,7 @@ from effect_ledger.processors import rocks
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
 from tests.services import Processor, Reconcilers, free_port, wait_for
-from tests.topic_io import RawProducer, running
+from tests.topic_io import RawProducer, recorded_times, running
 
 WAIT = 90.0
 Samples = dict[str, dict[tuple[tuple[str, str], ...], float]]
@@ -54,6 +54,7 @@ def now_ms() -> int:
 
 def test_worker_reconcilers_and_relay_metrics(kafka_config: KafkaConfig, tmp_path: Path) -> None:
     cfg = kafka_config
+    recorded_times(cfg)  # an intent written a minute in the past is folded at that time
     worker_port, reconcile_port, relay_port = free_port(), free_port(), free_port()
     targets = tmp_path / "targets.toml"
     targets.write_text('[targets.payments]\nlookup = "none"\n\n[targets.mail]\nlookup = "none"\n')

@@ -27,7 +27,7 @@ from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
 from tests.sdk_contract import DECLARED
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, TopicReader, running
+from tests.topic_io import RawProducer, TopicReader, recorded_times, running
 
 WAIT = 60.0
 DAY = 24 * 3600 * 1000
@@ -49,6 +49,7 @@ def sink_rows(cfg: KafkaConfig, path: Path) -> dict[str, str]:
 
 def test_a_retired_effect_is_retired_for_every_reader(kafka_config: KafkaConfig, tmp_path: Path) -> None:
     cfg = kafka_config
+    recorded_times(cfg)  # the sweep's command says "two days later": its time must be the one folded
     proc = Processor(cfg, tmp_path / "data")
     with running(proc):
         proc.wait_ready()

@@ -15,8 +15,16 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from effect_ledger.errors import TopicDrift
-from effect_ledger.streams.admin import check_topics, delete_topics, ensure_topics, list_topics, require_topics
+from effect_ledger.streams.admin import (
+    LOG_TIME,
+    check_topics,
+    delete_topics,
+    ensure_topics,
+    list_topics,
+    require_topics,
+)
 from effect_ledger.streams.config import KafkaConfig
+from tests.topic_io import recorded_times
 
 TIMEOUT = 30
 
@@ -38,8 +46,18 @@ def drifted(kafka_bootstrap: str) -> Iterator[KafkaConfig]:
     admin = AdminClient(cfg.confluent())
     made = admin.create_topics(
         [
-            NewTopic(cfg.topics.state, num_partitions=2, replication_factor=1, config={"cleanup.policy": "delete"}),
-            NewTopic(cfg.topics.events, num_partitions=2, replication_factor=1, config={"retention.ms": "86400000"}),
+            NewTopic(
+                cfg.topics.state,
+                num_partitions=2,
+                replication_factor=1,
+                config={"cleanup.policy": "delete", **LOG_TIME},
+            ),
+            NewTopic(
+                cfg.topics.events,
+                num_partitions=2,
+                replication_factor=1,
+                config={"retention.ms": "86400000", **LOG_TIME},
+            ),
         ]
     )
     for fut in made.values():
@@ -83,6 +101,15 @@ def test_create_and_check_report_a_pre_created_drifted_topic(drifted: KafkaConfi
     # A min.insync.replicas above the replication factor is refused before anything is asked.
     r = effects("topics", "check", "--min-insync-replicas", "2", cfg=drifted)
     assert r.returncode == 1 and "min.insync.replicas 2 must be between 1 and the replication factor 1" in r.stderr
+
+
+def test_a_topic_that_keeps_the_writers_clock_is_a_drift(kafka_config: KafkaConfig) -> None:
+    """A topic on which the producer stamps the records' times (CreateTime) lets a writer's clock
+    into what the log decides: ``topics check`` reports it, naming the setting."""
+    recorded_times(kafka_config)
+    drifts = [str(d) for s in check_topics(kafka_config) for d in s.drifts]
+    want = "message.timestamp.type is CreateTime, expected LogAppendTime"
+    assert drifts == [f"{kafka_config.topics.events}: {want}", f"{kafka_config.topics.decisions}: {want}"]
 
 
 def test_min_insync_replicas_is_checked(drifted: KafkaConfig) -> None:

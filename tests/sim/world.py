@@ -375,7 +375,10 @@ class World:
             task.wake = self.t + 50  # its own writes are not folded yet: a sync writer waits
             return
         effect = self._view(task)
-        now = self.log_now() if self.fixed else a.clock.read(self.t)
+        # An agent plans on its own clock, against its file's facts (their writers' claims: a lookup
+        # carries no log times); the log decides whether what it writes counts (the fold, the claim
+        # verdicts).
+        now = a.clock.read(self.t)
         known = Known(effect, None, None, now, a.name, None, True)
         step = plan(known, self._spec(task))
         if isinstance(step, AskFirst):

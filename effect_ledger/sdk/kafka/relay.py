@@ -51,7 +51,6 @@ from effect_ledger.errors import LedgerError
 from effect_ledger.sdk.store.sqlite import Store
 from effect_ledger.streams.codec import HEADER, Codec
 from effect_ledger.streams.config import KafkaConfig
-from effect_ledger.streams.log_clock import LogClock, log_time_of
 from effect_ledger.streams.schema_topic import kafka_codec
 
 log = logging.getLogger("effect_ledger.relay")
@@ -127,9 +126,6 @@ class Relay:
         self._fitted = False  # the topic's limit was read (see _fit_topic_limit)
         self._next_fit = 0.0
         self._wake = asyncio.Event()
-        # Fed with the broker's append time of every acknowledged record (LogAppendTime topics): the
-        # ledger's log clock (streams/log_clock.py). Set by the Ledger; None: nobody listens.
-        self.log_clock: LogClock | None = None
         self._stop = threading.Event()
         self._task: asyncio.Task[None] | None = None
         self._acked_through = 0  # every event with seq <= this is on Kafka, or dead-lettered
@@ -316,17 +312,12 @@ class Relay:
         first_error: str | None = None
 
         offsets = self._offsets
-        log_clock = self.log_clock
 
         def report_for(seq: int, size: int, intent: bool) -> Any:
             def report(err: KafkaError | None, msg: Any) -> None:
                 nonlocal first_error
                 if err is None:
                     acked.append(seq)
-                    if log_clock is not None:
-                        log_ms = log_time_of(*msg.timestamp())
-                        if log_ms is not None:
-                            log_clock.observe(log_ms)
                     if intent:
                         offsets[seq] = (msg.partition(), msg.offset())
                 elif err.code() in PERMANENT:
