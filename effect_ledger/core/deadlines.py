@@ -28,10 +28,12 @@ MAX_DURATION_MS = 7 * 86_400_000
 
 #: How far ahead of the log's time a writer's clock may claim to be before the fold flags the fact
 #: (CLOCK_SKEW) and refuses its time-dependent claims (an ABSENT decision or answer): a record cannot
-#: reach the log before it was written, so a claim that far ahead is a clock that runs ahead. A clock
-#: that runs behind looks like a record that reached the log late, and is harmless: every deadline
-#: counts from the log's time.
-MAX_CLOCK_AHEAD_MS = 60_000
+#: reach the log before it was written, so a claim that far ahead is a clock that runs ahead. An
+#: ABSENT counts from the earlier of its writer's claim and its log time, so a clock within this bound
+#: can bring it forward by at most this much; NTP keeps hosts within milliseconds. A clock that runs
+#: behind looks like a record that reached the log late, and is harmless: every deadline counts from
+#: the log's time, and an ABSENT from it counts later, never earlier.
+MAX_CLOCK_AHEAD_MS = 5_000
 
 LogOf = Callable[[Any], int]  # a fact -> when the log took it
 
@@ -63,17 +65,6 @@ def receipt_deadline_ms(executed: Executed, log_of: LogOf = _at) -> int | None:
     return log_of(executed) + duration_ms(executed.at_ms, executed.receipt_deadline_ms)
 
 
-def attempt_deadlines(facts: Iterable[object], log_of: LogOf = _at) -> dict[int, int]:
-    """The call deadline of every attempt with a known intent: the latest among its intents (a lost
-    claim's intent may carry a later one), on the log's time."""
-    out: dict[int, int] = {}
-    for f in facts:
-        if isinstance(f, Intent):
-            d = intent_deadline_ms(f, log_of)
-            out[f.attempt] = max(d, out.get(f.attempt, d))
-    return out
-
-
 def lands_within_of(intent: Intent) -> int:
     """How long after its deadline an intent's call may still land: what it carries (the target's
     ``lands_within``), else ``DECISION_GRACE_MS`` (an older writer's intent), clamped like a duration."""
@@ -93,7 +84,8 @@ def attempt_windows(facts: Iterable[object], log_of: LogOf = _at) -> dict[int, i
 
 
 def attempt_deadline_ms(facts: Iterable[object], attempt: int, log_of: LogOf = _at) -> int | None:
-    """The call deadline of ``attempt`` (see ``attempt_deadlines``); None when no intent of it is known."""
+    """The call deadline of ``attempt``: the latest among its intents (a lost claim's intent may carry a
+    later one), on the log's time; None when no intent of it is known."""
     return max(
         (intent_deadline_ms(f, log_of) for f in facts if isinstance(f, Intent) and f.attempt == attempt), default=None
     )
@@ -108,6 +100,6 @@ def may_still_land_until_ms(deadline_ms: int | None, lands_within_ms: int) -> in
 __all__ = [
     "DECISION_GRACE_MS", "MAX_DURATION_MS", "MAX_CLOCK_AHEAD_MS", "call_deadline_ms", "duration_ms",
     "intent_deadline_ms",
-    "receipt_deadline_ms", "attempt_deadlines", "attempt_deadline_ms", "may_still_land_until_ms", "lands_within_of",
+    "receipt_deadline_ms", "attempt_deadline_ms", "may_still_land_until_ms", "lands_within_of",
     "attempt_windows",
 ]  # fmt: skip

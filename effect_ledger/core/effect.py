@@ -297,21 +297,6 @@ def fold(events: list[Event] | tuple[Event, ...], effect: Effect | None = None) 
     return effect
 
 
-def with_log_times(effect: Effect, logged: dict[str, int]) -> Effect:
-    """``effect`` with the log times another log recorded for its facts (the processor's, merged
-    into an agent's file): they replace the writer's ``at_ms`` in every comparison of times."""
-    known = {f.event_id for f in effect.facts}
-    merged = dict(effect.logged)
-    merged.update((eid, ms) for eid, ms in logged.items() if eid in known)
-    for f in effect.facts:
-        if merged.get(f.event_id) == f.at_ms:
-            del merged[f.event_id]
-    pairs = tuple(sorted(merged.items()))
-    if pairs == effect.logged:
-        return effect
-    return _derive(effect.effect_id, effect.facts, pairs)
-
-
 def expire(effect: Effect, now_ms: int) -> list[Timeout]:
     """The timeout commands due for an effect at ``now_ms``: an attempt still PENDING after its
     call deadline, or EXECUTED without a receipt after its receipt deadline. Their event ids are
@@ -524,7 +509,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
     created = updated = log_of(facts[0])
     first_latest = len(facts)
     for i, f in enumerate(facts):
-        at = log_of(f) if logged else f.at_ms
+        at = log_of(f)
         if at < created:
             created = at
         elif at > updated:
@@ -574,7 +559,7 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
         flags.append(Flag.CLOCK_SKEW)
     # Only ABSENT decisions and answers need the windows; each counts once the log took it at or
     # after its attempt's call could no longer land (its deadline plus the intent's lands_within).
-    deadlines = attempt_windows(intents, log_of) if absent_decisions or absent_answers else {}
+    deadlines = _windows(intents, log_of) if absent_decisions or absent_answers else {}
     early = [d for d in absent_decisions if _early(d, deadlines, log_of) or d.event_id in ahead]
     if early:
         flags.append(Flag.DECISION_IGNORED)
@@ -629,12 +614,27 @@ def _arbitrated(
     return owned, latest, lost
 
 
-def _early(f: Decision | Resolution, deadlines: dict[int, int], log_of: Callable[[Event], int]) -> bool:
-    """An ABSENT decision or answer that the log took while its attempt's call could still land (before
-    its deadline plus lands_within), or on an attempt whose intent is unknown: it must not make the
-    effect ABSENT."""
-    deadline = deadlines.get(f.attempt)
-    return deadline is None or log_of(f) < deadline
+def _early(f: Decision | Resolution, windows: dict[int, int], log_of: Callable[[Event], int]) -> bool:
+    """An ABSENT decision or answer made while its attempt's call, or an earlier attempt's, could still
+    land (``_windows``), or on an attempt whose intent is unknown: it must not make the effect ABSENT.
+    It was made at the latest when the log took it, and at the latest when its writer's clock says
+    (a clock trusted only in that direction: one that runs ahead is flagged and refused, and one that
+    runs behind makes the answer count later, never earlier)."""
+    until = windows.get(f.attempt)
+    return until is None or min(log_of(f), f.at_ms) < until
+
+
+def _windows(intents: list[Intent], log_of: Callable[[Event], int]) -> dict[int, int]:
+    """Per attempt with a known intent: until when its call, or any earlier attempt's, may still land.
+    An attempt the log refused (``REFUSED_CLAIM``) leaves the one before it unsettled, and that one's
+    call may run longer than its own."""
+    own = attempt_windows(intents, log_of)
+    out: dict[int, int] = {}
+    latest = 0
+    for attempt in sorted(own):
+        latest = max(latest, own[attempt])
+        out[attempt] = latest
+    return out
 
 
 def _state_of(

@@ -92,7 +92,7 @@ class Flag(StrEnum):
     CONFLICT = "CONFLICT"  # the same key with a different request digest
     NO_INTENT = "NO_INTENT"  # events seen, but no intent (yet)
     DECISION_IGNORED = "DECISION_IGNORED"  # an ABSENT decision logged while the attempt could still land
-    CLOCK_SKEW = "CLOCK_SKEW"  # a writer's clock ran over a minute ahead of the log's (core.deadlines)
+    CLOCK_SKEW = "CLOCK_SKEW"  # a writer's clock ran over 5 s ahead of the log's (core.deadlines)
     ANSWER_IGNORED = "ANSWER_IGNORED"  # a reconciler's ABSENT logged while its attempt's call could still land
     INEXACT_RECEIPT = "INEXACT_RECEIPT"  # a receipt value recorded as a representation (see limits.py)
     LOST_CLAIM = "LOST_CLAIM"  # an intent of an attempt another intent claimed first (never called)

@@ -99,7 +99,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "effect_ledger_clock_skew_flagged_total": (
         "counter",
         ("writer",),
-        "Records whose writer's clock ran over a minute ahead of the log's: flagged CLOCK_SKEW, an ABSENT refused",
+        "Records whose writer's clock ran over 5 s ahead of the log's: flagged CLOCK_SKEW, an ABSENT refused",
         "worker",
     ),
     "effect_ledger_outbox_depth": (

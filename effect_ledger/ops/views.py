@@ -252,7 +252,12 @@ def decide(
     refused = decision_refusal(effect, decision, log_now, grace)
     if refused is not None:
         raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
-    d = Decision(uuid.uuid4().hex, key, now, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg))
+    # It claims the time it was checked at: the broker's, asked of it (this host's clock is a claim
+    # the fold trusts only when it says earlier).
+    claimed = log_now if log_now is not None else now
+    d = Decision(
+        uuid.uuid4().hex, key, claimed, effect.attempt, decision, by, reason, receipt_id, operator_identity(cfg)
+    )
     codec = kafka_codec(cfg, writes=True)  # publishes its schemas first
     p = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
     errors: list[str] = []
@@ -275,13 +280,14 @@ def decide(
     # changes nothing (this host's clock may be ahead). Say so now rather than let it look taken.
     if logged and logged[0] is not None and d.decision is DecisionKind.ABSENT:
         after, _ = apply(effect, d, logged[0])
-        if after.state is not State.ABSENT and Flag.DECISION_IGNORED in after.flags:
+        if after.state is not State.ABSENT:
+            if Flag.CLOCK_SKEW in after.flags and Flag.CLOCK_SKEW not in effect.flags:
+                why = f"the decision claims {iso(d.at_ms)}, ahead of the log's {iso(logged[0])}: set this host's clock"
+            else:
+                why = f"the log took it at {iso(logged[0])}, while attempt {effect.attempt} could still land"
             late = decision_refusal(effect, decision, logged[0], grace)
-            wait = late.retry_after_ms if late is not None else None
             raise DecisionRefused(
-                key,
-                f"the log took the decision at {iso(logged[0])}, while attempt {effect.attempt} could still land "
-                f"(this host's clock says {iso(now)}): it is recorded and changes nothing; decide again later",
-                wait,
-            )
+                key, f"{why}: it is recorded and changes nothing; decide again later",
+                late.retry_after_ms if late is not None else None,
+            )  # fmt: skip
     return d

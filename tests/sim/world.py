@@ -332,11 +332,13 @@ class World:
             return  # a person declares ABSENT only when the destination shows nothing
         claimed = self.op_clock.read(self.t)
         if "bypass" not in self.faults:
+            # ``effects resolve`` asks the broker's time, checks on it, and stamps the decision with it.
             now = self.log_now() if self.fixed else claimed
             refusal = decision_refusal(e, DecisionKind.ABSENT, now, self.target.lands_within_ms)
             if refusal is not None:
                 self.seen["decision refused"] += 1
                 return
+            claimed = now
         d = Decision(f"op-{self._n}-{k[-4:]}", k, claimed, e.attempt, DecisionKind.ABSENT, "alice", "looked")
         self._n += 1
         self.send("operator", d)

@@ -293,6 +293,10 @@ def test_an_absent_decision_made_while_the_call_could_land_never_makes_absent(ev
             lands = 2000 if e.lands_within_ms is None else e.lands_within_ms
             d = e.at_ms + min(max(e.deadline_ms - e.at_ms, 0), 7 * 86_400_000) + lands
             deadlines[e.attempt] = max(d, deadlines.get(e.attempt, d))
+    # an attempt's window never ends before an earlier attempt's (a refused claim leaves it unsettled)
+    latest = 0
+    for attempt in sorted(deadlines):
+        latest = deadlines[attempt] = max(latest, deadlines[attempt])
 
     def is_early(e: Decision | Resolution) -> bool:
         return e.attempt not in deadlines or e.at_ms < deadlines[e.attempt]

@@ -515,10 +515,10 @@ def test_a_decision_stamped_in_the_future_counts_by_when_the_log_took_it() -> No
     assert eff.state is State.UNCERTAIN and Flag.DECISION_IGNORED in eff.flags
     assert eff.log_time(d) == CALL_DEADLINE + 500 and eff.has(d.event_id)
     # Once the call can no longer land the log's time allows it, but a writer whose clock ran more
-    # than a minute ahead of the log's is flagged and its ABSENT refused.
+    # than 5 s ahead of the log's is flagged and its ABSENT refused.
     later, _ = apply(uncertain(), d, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
     assert later.state is State.UNCERTAIN and Flag.CLOCK_SKEW in later.flags
-    honest = decision(DecisionKind.ABSENT, at=CALL_DEADLINE + DECISION_GRACE_MS + 30_000)
+    honest = decision(DecisionKind.ABSENT, at=CALL_DEADLINE + DECISION_GRACE_MS + 3_000)
     taken, _ = apply(uncertain(), honest, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
     assert taken.state is State.ABSENT and Flag.CLOCK_SKEW not in taken.flags
 
@@ -535,6 +535,7 @@ def test_a_slow_writers_deadline_is_a_duration_from_when_the_log_took_its_intent
     r = resolution(Verdict.ABSENT, at=CALL_DEADLINE + 1)
     early, _ = apply(eff, r, log_ms=CALL_DEADLINE + 1)
     assert early.state is State.UNCERTAIN and Flag.ANSWER_IGNORED in early.flags
+    r = resolution(Verdict.ABSENT, at=CALL_DEADLINE + DECISION_GRACE_MS)  # a reconciler with a right clock
     on_time, _ = apply(eff, r, log_ms=CALL_DEADLINE + DECISION_GRACE_MS)
     assert on_time.state is State.ABSENT
 
@@ -895,3 +896,35 @@ def test_to_state_of_a_pending_effect() -> None:
     assert s.version == 1
     assert s.receipt_id is None and s.receipt_ids == () and s.flags == ()
     assert s.created_ms == s.updated_ms == T0 + 7
+
+
+def test_an_absent_answer_counts_from_when_it_was_asked_not_only_when_the_log_took_it() -> None:
+    """given an intent whose call may land until T+12 s (10 s timeout, 2 s lands_within), when an
+    "absent" asked at T+5 s (its writer's clock is right) reaches the log only at T+40 s (held in an
+    outbox), then it does not count: the destination was asked while the call could still land. The
+    earlier of the writer's claim and the log's time is when it was asked at the latest."""
+    t0 = T0
+    i = intent(at=t0, deadline=t0 + 10_000)
+    eff, _ = apply(None, i, log_ms=t0)
+    eff, _ = apply(eff, executed(Outcome.UNKNOWN, error="eof", at=t0 + 10_000), log_ms=t0 + 10_000)
+    stale = resolution(Verdict.ABSENT, at=t0 + 5_000)
+    late, _ = apply(eff, stale, log_ms=t0 + 40_000)
+    assert late.state is State.UNCERTAIN and Flag.ANSWER_IGNORED in late.flags
+    fresh = resolution(Verdict.ABSENT, at=t0 + 12_000, eid="fresh")
+    taken, _ = apply(eff, fresh, log_ms=t0 + 12_050)
+    assert taken.state is State.ABSENT
+
+
+def test_an_absent_for_a_refused_attempt_waits_for_the_attempt_before_it() -> None:
+    """given attempt 1 with a 600 s timeout (never settled) and an attempt 2 whose claim the log
+    refused, when an ABSENT for attempt 2 is logged after attempt 2's own short window but within
+    attempt 1's, then it does not count: attempt 1's call may still land."""
+    from effect_ledger.core.effect import REFUSED_CLAIM, claimed_event_id
+    from effect_ledger.core.model import Claimed
+
+    i1 = intent(attempt=1, at=T0, deadline=T0 + 600_000)
+    i2 = intent(attempt=2, at=T0 + 1_000, deadline=T0 + 2_000)
+    refused = Claimed(claimed_event_id(KEY, 2), KEY, T0 + 1_000, 2, REFUSED_CLAIM, REFUSED_CLAIM)
+    r = resolution(Verdict.ABSENT, attempt=2, at=T0 + 20_000)
+    eff = effect_of(i1, executed(Outcome.UNKNOWN, error="eof", at=T0 + 600_000), i2, refused, r)
+    assert eff.state is not State.ABSENT and Flag.ANSWER_IGNORED in eff.flags
