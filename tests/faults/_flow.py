@@ -9,6 +9,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -128,10 +129,11 @@ class Flow:
         return {k: to_state(fold(v)) for k, v in self.events.items()}
 
 
-def mismatches(states: TopicReader, expected: dict[str, Any]) -> dict[str, Any]:
+def mismatches(states: TopicReader, expected: dict[str, Any], same: Callable[[Any], Any] = untimed) -> dict[str, Any]:
+    """The keys whose published state differs from ``expected`` (compared through ``same``)."""
     states.poll()
     latest = states.latest()
-    return {k: (latest.get(k), s) for k, s in expected.items() if untimed(latest.get(k)) != untimed(s)}
+    return {k: (latest.get(k), s) for k, s in expected.items() if same(latest.get(k)) != same(s)}
 
 
 def describe(bad: dict[str, Any], n: int = 5) -> str:
