@@ -29,7 +29,7 @@ from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from tests.faults._flow import committed_through_end
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, TopicReader, running, untimed
+from tests.topic_io import RawProducer, TopicReader, recorded_times, running, untimed
 
 WAIT = 90.0
 
@@ -42,12 +42,13 @@ def events_of(key: str) -> list[object]:
     t = time.time_ns() // 1_000_000
     far = t + 3_600_000
 
-    def intent(attempt: int, fill: str) -> Intent:
+    def intent(attempt: int, fill: str, deadline: int = far, lands_within_ms: int | None = None) -> Intent:
         return Intent(f"i-{attempt}-{uuid.uuid4().hex}", key, t + attempt, attempt, "payments", "refund.create",
-                      "tests", "run-1", key, big(MAX_REQUEST_BYTES, fill), "d" * 64, far, "w")  # fmt: skip
+                      "tests", "run-1", key, big(MAX_REQUEST_BYTES, fill), "d" * 64, deadline, "w", True,
+                      lands_within_ms)  # fmt: skip
 
     return [
-        intent(1, "a"),
+        intent(1, "a", t + 1, 0),  # its call could land no later than t+1: the ABSENT at t+3 counts
         Executed(f"x-1-{uuid.uuid4().hex}", key, t + 2, 1, Outcome.UNKNOWN, "timeout", t, t + 1, None, "w"),
         Resolution(f"res-1-{uuid.uuid4().hex}", key, t + 3, 1, Verdict.ABSENT, "rec", "never happened"),
         intent(2, "b"),
@@ -69,6 +70,7 @@ def test_a_key_larger_than_a_record_folds_and_recovers_from_the_changelog(
     assert expected is not None and expected.state is State.CONFIRMED
     assert sum(len(default_codec().encode(e)) for e in evs) > 1_000_000  # more than one Kafka record
 
+    recorded_times(kafka_config)  # the history is folded with its writers' times
     producer = RawProducer(kafka_config)
     for ev in evs:
         producer.event(ev)
