@@ -141,7 +141,7 @@ def test_fold_publishes_state_and_uncertain_and_serves_lookups(kafka_config: Kaf
                 with pytest.raises(EffectUncertain):
                     await ledger.execute(
                         target="payments", operation="refund.create", key=uncertain_key, request={"order": "u"},
-                        call=hang, timeout=0.3,
+                        call=hang, timeout=2.0,
                     )  # fmt: skip
                 deadline = time.monotonic() + WAIT
                 while await ledger.store.outbox_depth() > 0:  # everything acknowledged by Kafka

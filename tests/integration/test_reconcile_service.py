@@ -175,7 +175,7 @@ def test_reconcile_service_resolves_found_absent_and_escalates(kafka_config: Kaf
                     with pytest.raises(EffectUncertain):
                         await ledger.execute(
                             target="mailer", operation="mail.send", key="mailer:receipt-mail-1",
-                            request={"to": "customer"}, call=lambda k: asyncio.Event().wait(), timeout=0.3,
+                            request={"to": "customer"}, call=lambda k: asyncio.Event().wait(), timeout=2.0,
                         )  # fmt: skip
                 return "mailer:receipt-mail-1"
 
