@@ -17,7 +17,7 @@ from effect_ledger.streams.config import KafkaConfig
 from tests.faults._flow import answered, committed_through_end, forget_commits, key_events, mismatches, now_ms
 from tests.faults.test_large_values import events_of
 from tests.services import Processor, wait_for
-from tests.topic_io import RawProducer, TopicReader, running
+from tests.topic_io import RawProducer, TopicReader, recorded_times, running
 
 WAIT = 90.0
 
@@ -30,6 +30,7 @@ def test_a_fresh_worker_without_commits_folds_from_the_first_record_after_recove
     evs = {k: key_events(k, "confirmed", now_ms()) for k in keys}
     if large:
         evs["payments:large"] = events_of("payments:large")
+        recorded_times(kafka_config)  # that history is folded with its writers' times (test_large_values)
     producer = RawProducer(kafka_config)
     for events in evs.values():
         for ev in events:
