@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test               every test tier; starts and stops its own Kafka broker"
 	@echo "make test-unit          unit tests only (no services)"
 	@echo "make test-integration   integration tests (real Kafka)"
+	@echo "make test-secure        every role on the secured broker (TLS, SCRAM, ACLs)"
 	@echo "make test-crash         crash suite (kills real child processes)"
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
@@ -59,6 +60,7 @@ test: venv venv-dbos
 	@bash scripts/install-postgres.sh
 	@bash scripts/install-browser.sh
 	@bash scripts/install-faketime.sh
+	@bash scripts/install-openssl.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 
@@ -68,6 +70,11 @@ test-unit: venv
 test-integration: venv
 	@bash scripts/install-postgres.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+# The roles on the secured broker (KAFKA_SECURE=1 scripts/kafka.sh; started and stopped by the tests).
+test-secure: venv
+	@bash scripts/install-openssl.sh
+	@$(PY) -m pytest tests/secure $(PYTEST_ARGS)
 
 test-crash: venv
 	@$(PY) -m pytest tests/crash $(PYTEST_ARGS)

@@ -28,6 +28,8 @@ from effect_ledger.core.model import DecisionKind, ReceiptSource, State
 from effect_ledger.core.reconcile import Absent, Answer, Backoff, EffectView, Found, Reconciler, Target, Unknown
 from effect_ledger.errors import (
     BodyErased,
+    BrokerRefusedLogin,
+    BrokerUnavailable,
     ConfigError,
     DecisionRefused,
     DefiniteFailure,
@@ -43,6 +45,7 @@ from effect_ledger.errors import (
     LedgerLagging,
     LedgerUnavailable,
     MissingExtra,
+    NotAuthorized,
     ReceiptNotRecordable,
     StorageError,
     TargetsError,
@@ -103,6 +106,9 @@ __all__ = [
     "LedgerClosed",
     "LedgerUnavailable",
     "LedgerLagging",
+    "BrokerUnavailable",
+    "BrokerRefusedLogin",
+    "NotAuthorized",
     "MissingExtra",
     "ConfigError",
     "DecisionRefused",

@@ -169,6 +169,31 @@ class LedgerUnavailable(LedgerError):
     could not be asked about a key; nothing was sent to the destination."""
 
 
+class BrokerUnavailable(LedgerUnavailable, RuntimeError):
+    """No Kafka broker answered a metadata request in time."""
+
+
+class BrokerRefusedLogin(BrokerUnavailable):
+    """A broker answered but refused this client's credentials or TLS (a wrong password, a CA that
+    does not sign the broker's certificate, a certificate for another host): the message says
+    which, as the broker's client library reported it. Retrying will not help."""
+
+
+class NotAuthorized(LedgerError):
+    """Kafka's ACLs do not give this client's principal a right it needs (``missing``: lines such
+    as ``Write on topic effects.decisions``). Nothing was written or called; ``effects acl`` prints
+    the rights of each role."""
+
+    def __init__(self, what: str, principal: str, missing: Sequence[str]) -> None:
+        super().__init__(f"{what}: Kafka does not allow {principal} {'; '.join(missing)} (see `effects acl`)")
+        self.what = what
+        self.principal = principal
+        self.missing = tuple(missing)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, tuple[str, ...]]]:
+        return (type(self), (self.what, self.principal, self.missing))
+
+
 class LedgerLagging(LedgerUnavailable):
     """The processor has not yet consumed every event Kafka acknowledged before the lookup began:
     answering now could miss one, so the SDK refuses to guess."""

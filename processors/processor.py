@@ -152,6 +152,9 @@ class ProcessorSettings:
     # How often the C allocator's free pages go back to the system (processors/native_memory.py)
     # and RocksDB's memory is counted for /metrics (0: never).
     memory_interval_s: float = 10.0
+    # How often the worker asks the broker whether its ACLs still give it every right it needs
+    # (``streams.acl.NEEDS["worker"]``): one it lost makes it not ready, with the right named.
+    rights_interval_s: float = 15.0
 
     @property
     def full_app_id(self) -> str:
@@ -238,6 +241,7 @@ class LedgerProcessor:
         self._acting = asyncio.Lock()
         self.processed: dict[int, int] = {}  # partition -> last offset of effects.events folded
         self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
+        self.missing_rights: list[str] = []  # Kafka rights the ACLs took away since the start (check_rights)
         # Most recently written last. An OrderedDict: evicting a plain dict's first key makes
         # next(iter()) step over every key deleted before it (9 µs a write at 10,000 keys, not 0.7).
         self._cache: OrderedDict[str, tuple[bytes, Effect]] = OrderedDict()
@@ -303,6 +307,12 @@ class LedgerProcessor:
         async def deadlines() -> None:
             await self.tick()
 
+        if self.s.rights_interval_s > 0:
+
+            @app.timer(interval=self.s.rights_interval_s, name="rights")
+            async def rights_check() -> None:
+                await self.check_rights()
+
         # The deadline index follows faust's signals: forgotten when partitions are revoked,
         # rebuilt once the table has recovered the new assignment (before streams resume).
         @self.table.on_recover
@@ -349,6 +359,7 @@ class LedgerProcessor:
                 return self.json(
                     {
                         "ready": processor.ready,
+                        "missing_rights": processor.missing_rights,
                         "in_recovery": bool(app.in_recovery),
                         "partitions": sorted(processor.index.assigned or ()),
                         "processed": processor.processed,
@@ -356,6 +367,35 @@ class LedgerProcessor:
                         "rocksdb": processor.rocksdb_memory(),
                     }
                 )
+
+    async def check_rights(self) -> None:
+        """Ask the broker which of the worker's rights its ACLs no longer give (checked at start
+        by ``effects worker``), and whether it still accepts the worker's login (a password
+        rotated under a running worker: every new connection fails): while either is so the
+        worker is not ready, and says why. No answer changes nothing (the broker may be away;
+        that is not a lost right)."""
+        from effect_ledger.errors import BrokerRefusedLogin
+        from effect_ledger.streams import rights
+        from effect_ledger.streams.admin import wait_ready
+
+        def ask() -> list[str]:
+            try:
+                wait_ready(self.s.kafka, 10.0)
+            except BrokerRefusedLogin as e:  # a rotated password: new connections fail, so must it
+                return [f"login: {e}"]
+            return rights.missing_rights(self.s.kafka, "worker", 10.0)
+
+        try:
+            missing = await asyncio.to_thread(ask)
+        except Exception as e:
+            log.warning("could not check the worker's Kafka rights: %s: %s", type(e).__name__, e)
+            return
+        if missing != self.missing_rights:
+            if missing:
+                log.error("Kafka no longer gives this worker: %s (not ready until it does)", "; ".join(missing))
+            else:
+                log.warning("Kafka gives this worker every right it needs again")
+        self.missing_rights = missing
 
     async def look_after_memory(self) -> None:
         """Hand the allocator's free pages back (on a thread: a call takes milliseconds) and set
@@ -377,10 +417,12 @@ class LedgerProcessor:
 
     @property
     def ready(self) -> bool:
-        """Recovered and owning its partitions (the deadline index was built for them)."""
+        """Recovered and owning its partitions (the deadline index was built for them), with every
+        Kafka right it needs."""
         app = self.app
         return (
-            self.index.assigned is not None
+            not self.missing_rights
+            and self.index.assigned is not None
             and not app.in_recovery
             and not app.rebalancing
             and self.index.assigned == self._assigned()

@@ -12,15 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.errors import ConfigError, TopicDrift
+from effect_ledger.errors import BrokerRefusedLogin, BrokerUnavailable, ConfigError, TopicDrift
 from effect_ledger.streams.config import KafkaConfig
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
-
-class BrokerUnavailable(RuntimeError):
-    """No broker answered a metadata request in time."""
+__all__ = ["BrokerRefusedLogin", "BrokerUnavailable", "wait_ready", "ensure_topics", "check_topics", "list_topics"]
 
 
 @dataclass(frozen=True)
@@ -120,24 +118,46 @@ def admin_client(cfg: KafkaConfig, **overrides: Any) -> AdminClient:
 
 
 def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
-    """Block until a broker answers a metadata request; returns the number of brokers seen."""
-    from confluent_kafka import KafkaException
+    """Block until a broker answers a metadata request; returns the number of brokers seen.
+    ``BrokerRefusedLogin`` at once (not after ``timeout``) when a broker refuses the credentials
+    or the TLS handshake; ``BrokerUnavailable`` when none answers in time."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    refused: list[str] = []
+
+    def on_error(err: KafkaError) -> None:
+        # The broker's own verdict on who we are: a retry with the same settings cannot succeed.
+        if err.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
+            refused.append(err.str())
 
     # Refused connections are expected while the broker starts: keep librdkafka quiet about them.
-    admin = admin_client(cfg, log_level=0)
+    admin = admin_client(cfg, log_level=0, error_cb=on_error)
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
-            md = admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            md = admin.list_topics(timeout=min(0.5, max(0.1, deadline - time.monotonic())))
             if md.brokers:
                 return len(md.brokers)
         except KafkaException as e:
             last = e
-        time.sleep(0.2)
+        admin.poll(0)  # serves on_error
+        if refused:
+            raise BrokerRefusedLogin(f"Kafka at {cfg.bootstrap} refused this client: {_login_cause(refused[0])}")
+        time.sleep(0.1)
     raise BrokerUnavailable(
         f"no Kafka broker answered at {cfg.bootstrap} within {timeout:.0f} s ({last or 'no brokers'})"
     )
+
+
+def _login_cause(reported: str) -> str:
+    """librdkafka's report, without the connection's name, with what to check."""
+    text = reported.split(": ", 1)[1] if reported.startswith(("sasl_", "ssl://", "plaintext://")) else reported
+    if "SASL authentication" in text:
+        return f"{text}: check KAFKA_SASL_USERNAME, KAFKA_SASL_PASSWORD and KAFKA_SASL_MECHANISM"
+    if "certificate" in text or "SSL" in text:
+        return f"{text}: check KAFKA_SSL_CAFILE and that the broker's certificate names the host in --bootstrap"
+    return text
 
 
 def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: bool = True) -> dict[str, str]:

@@ -149,16 +149,38 @@ def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | N
 @topic_options
 @min_isr_option
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.option(
+    "--role", "roles", multiple=True, metavar="ROLE=PRINCIPAL",
+    help="also compare the principal's ACLs with its role's rights (`effects acl`); repeat",
+)  # fmt: skip
 def topics_check(
-    bootstrap: str | None, prefix: str | None, partitions: int | None, min_isr: int | None, as_json: bool
+    bootstrap: str | None,
+    prefix: str | None,
+    partitions: int | None,
+    min_isr: int | None,
+    as_json: bool,
+    roles: tuple[str, ...],
 ) -> None:
     """Compare every topic's partitions, replication, cleanup policy, retention and
-    min.insync.replicas with what effect-ledger expects. Exit 0 with a table when all is right;
-    exit 1 with one line per difference on stderr otherwise."""
+    min.insync.replicas with what effect-ledger expects; with --role, each principal's ACLs with
+    its role's rights too (a missing right and an excess one are both differences; needs Describe
+    on the cluster). Exit 0 with a table when all is right; exit 1 with one line per difference
+    on stderr otherwise."""
     from effect_ledger.streams.admin import CHECKED_CONFIGS, check_topics
 
-    statuses = check_topics(ready(kafka_config(bootstrap, prefix, partitions, min_isr), 10))
-    drifts = [d for st in statuses for d in st.drifts]
+    cfg = ready(kafka_config(bootstrap, prefix, partitions, min_isr), 10)
+    statuses = check_topics(cfg)
+    drifts: list[object] = [d for st in statuses for d in st.drifts]
+    if roles:
+        from effect_ledger.streams import rights
+        from effect_ledger.streams.acl import grants, parse_roles
+
+        for c in rights.compare(cfg, grants(parse_roles(roles), cfg.topics)):
+            who = f"{c.principal} ({c.role})"
+            drifts += [f"{who} lacks {r.operation} on {r.resource} {r.name} ({r.pattern})" for r in c.missing]
+            drifts += [
+                f"{who} has {r.operation} on {r.resource} {r.name} ({r.pattern}), beyond its role" for r in c.excess
+            ]
     if as_json:
         click.echo(
             json.dumps(
@@ -378,6 +400,10 @@ def worker(
 
         check_exposure(metrics_host, metrics_token)
     ready(cfg, 30)
+    from effect_ledger.streams import rights
+
+    # A right the worker lacks is one line naming it, not a worker that looks ready and folds nothing.
+    rights.require(cfg, "worker", "effects worker")
     ensure_topics(cfg)
     # A drifted effects.state (not compacted, ...) or partition count: one line, nothing started.
     require_topics(cfg)
@@ -416,6 +442,9 @@ def reconcile(
     from effect_ledger.processors.reconcile_service import ReconcileService
 
     cfg = ready(KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions), 30)
+    from effect_ledger.streams import rights
+
+    rights.require(cfg, "reconciler", "effects reconcile")
     metrics = _metrics(metrics_port, metrics_host, "effects reconcile --metrics-port", metrics_token)
 
     async def go() -> None:
@@ -463,6 +492,7 @@ def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | 
 
 
 def _register_ops() -> None:
+    from effect_ledger.cli.acl import acl_command
     from effect_ledger.cli.assess import assess_command
     from effect_ledger.cli.console import console_command
     from effect_ledger.cli.mcp import mcp_proxy
@@ -474,6 +504,7 @@ def _register_ops() -> None:
     main.add_command(mcp_proxy)
     main.add_command(assess_command)
     main.add_command(console_command)
+    main.add_command(acl_command)
 
 
 _register_ops()

@@ -421,8 +421,11 @@ def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool, batch:
     SQLite or PostgreSQL, with the consumed offsets in the same transaction: a restart neither
     loses nor doubles a row."""
     from effect_ledger.ops.sink import StateSink
+    from effect_ledger.streams import rights
 
-    s = StateSink(kafka_of(bootstrap, prefix), url, batch=batch)
+    cfg = kafka_of(bootstrap, prefix)
+    rights.require(cfg, "sink", "effects sink")
+    s = StateSink(cfg, url, batch=batch)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

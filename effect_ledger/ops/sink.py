@@ -61,7 +61,7 @@ class StateSink:
         c = Consumer(
             self.cfg.confluent(
                 **{
-                    "group.id": f"effects-sink-{uuid.uuid4().hex}",
+                    "group.id": f"{self.cfg.prefix}effects-sink-{uuid.uuid4().hex}",
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                 }

@@ -25,7 +25,7 @@ from effect_ledger.core.model import (
     Retirement,
     misplaced,
 )
-from effect_ledger.errors import DecodeError, StorageError
+from effect_ledger.errors import DecodeError, NotAuthorized, StorageError
 from effect_ledger.sdk.store.reader import LedgerReader
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.config import KafkaConfig
@@ -64,7 +64,7 @@ def _consumer(cfg: KafkaConfig) -> Consumer:
     return Consumer(
         cfg.confluent(
             **{
-                "group.id": f"effects-tool-{uuid.uuid4().hex}",
+                "group.id": f"{cfg.prefix}effects-tool-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
@@ -83,9 +83,20 @@ def _partitions(c: Consumer, topic: str) -> list[int]:
     except KafkaException as e:
         raise SourceError(f"cannot read topic {topic}: {e.args[0].str()}") from None
     t = md.topics.get(topic)
+    if t is not None and t.error is not None:
+        _refused(topic, t.error, "Describe")
     if t is None or t.error is not None or not t.partitions:
         raise SourceError(f"topic {topic} does not exist (wrong --prefix?)")
     return sorted(t.partitions)
+
+
+def _refused(topic: str, err: Any, operation: str = "Read") -> None:
+    """``NotAuthorized`` when ``err`` is Kafka's ACLs refusing this client ``topic``: a credential
+    that may not read a topic is told so, never that the topic is missing or the key unknown."""
+    from confluent_kafka import KafkaError
+
+    if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise NotAuthorized(f"reading {topic}", "this client's principal", [f"{operation} on topic {topic}"])
 
 
 def _ranges(c: Consumer, topic: str, parts: list[int], from_ms: int | None) -> list[TopicPartition]:
@@ -176,6 +187,7 @@ def _consume_range(
         batch = []
         for m in msgs:
             if m.error():
+                _refused(topic, m.error())
                 raise SourceError(f"reading {topic}: {m.error()}")
             p, off = m.partition(), m.offset()
             if p not in remaining or off is None:
@@ -246,7 +258,7 @@ def follow_topic(
     c = Consumer(
         cfg.confluent(
             **{
-                "group.id": f"effects-follow-{uuid.uuid4().hex}",
+                "group.id": f"{cfg.prefix}effects-follow-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest" if from_beginning else "latest",
                 "error_cb": on_error,

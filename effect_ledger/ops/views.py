@@ -235,7 +235,11 @@ def decide(
     from confluent_kafka import Producer
 
     from effect_ledger.sdk.kafka.relay import producer_config
+    from effect_ledger.streams import rights
 
+    # Who may decide is whoever Kafka's ACLs allow to write effects.decisions: one line naming
+    # the missing right, before anything is read or written.
+    rights.require(cfg, "decide", "effects resolve")
     effect: Effect | None = None
     logged_times = False
     for e, log_ms in key_records(cfg, key):

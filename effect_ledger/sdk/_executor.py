@@ -58,6 +58,7 @@ from effect_ledger.errors import (
     EffectUncertain,
     LedgerClosed,
     LedgerUnavailable,
+    NotAuthorized,
     ReceiptNotRecordable,
     StorageError,
     UnknownTarget,
@@ -70,6 +71,7 @@ from effect_ledger.sdk.kafka.remote import merge_remote, remote_events
 from effect_ledger.sdk.receipts import Confirmation, confirmation_of, new_event_id, receipt_of
 from effect_ledger.sdk.store import retire as retire_store
 from effect_ledger.sdk.store.sqlite import ClaimOp, Loaded, Store, VersionConflict
+from effect_ledger.streams.config import operator_identity
 from effect_ledger.targets.ask import ask
 
 if TYPE_CHECKING:
@@ -250,6 +252,7 @@ class Executor:
         self, key: str, before: Effect | None, spec: CallSpec, call: Call, step: Execute
     ) -> Confirmation:
         crashpoints.reached(crashpoints.BEFORE_INTENT)
+        await self._refuse_if_forbidden()
         now = self.clock()
         # The timeout counts from the intent, on this process's monotonic clock: the call gets only
         # what is left of it once the broker and the processor have answered (see ``_call``).
@@ -290,6 +293,23 @@ class Executor:
         crashpoints.reached(crashpoints.AFTER_INTENT)
         return await self._call(key, effect, attempt, spec, call, spec.timeout - (time.monotonic() - written))
 
+    async def _refuse_if_forbidden(self) -> None:
+        """Kafka's ACLs refused this principal a write to the events topic (the relay met it): an
+        intent recorded now could never reach Kafka, so none is, and nothing is called. The
+        broker is asked again each time (the ACLs may have been fixed since)."""
+        if self.relay is None or self.relay.topic not in self.relay.forbidden:
+            return
+        from effect_ledger.streams import rights
+
+        cfg = self.relay.cfg
+        try:
+            missing = await asyncio.to_thread(rights.missing_rights, cfg, "agent", 5.0)
+        except Exception:  # no answer: the last refusal stands
+            missing = [self.relay.forbidden.get(self.relay.topic, "")]
+        if missing:
+            raise NotAuthorized("execute", operator_identity(cfg), missing)
+        self.relay.forbidden.pop(self.relay.topic, None)
+
     async def _wait_acked(self, effect: Effect, attempt: int, intent_seq: int | None) -> None:
         """Kafka mode with ``sync``: the destination is called only once the broker holds the intent;
         otherwise the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised."""
@@ -305,6 +325,8 @@ class Executor:
             else f"intent not acknowledged by Kafka within {self.sync_timeout:g} s; destination not called"
         )
         await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
+        if self.relay.topic in self.relay.forbidden:  # an ACL refusal is its own error: waiting will not help
+            raise NotAuthorized("execute", operator_identity(self.relay.cfg), [self.relay.forbidden[self.relay.topic]])
         raise LedgerUnavailable(reason)
 
     async def _confirm_claim(self, intent: Intent, effect: Effect, intent_seq: int | None) -> Effect:

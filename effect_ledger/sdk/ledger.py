@@ -174,8 +174,15 @@ class Ledger:
         """
         path, level = _checked_open(path, durability, targets)  # typed errors, nothing touched yet
         declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
+        cfg: KafkaConfig | None = None
         if kafka is not None:
             require("kafka", "Ledger.open(kafka=...)")  # likewise a missing Kafka client
+            from effect_ledger.sdk.kafka import access
+
+            cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
+            # A credential that may not write the events topic is refused here, the file untouched:
+            # nothing this ledger records could ever reach Kafka.
+            await access.check(cfg, "agent", "Ledger.open(kafka=...)")
         server = None
         if metrics_port is not None:
             from effect_ledger.metrics.names import LedgerMetrics
@@ -186,12 +193,11 @@ class Ledger:
         store = await Store.open(path, level)
         relay: Relay | None = None
         keyring: Keyring | None = None
-        if kafka is not None:
+        if cfg is not None:
             from effect_ledger.sdk.kafka.keyring import KafkaKeyring
             from effect_ledger.sdk.kafka.relay import Relay
             from effect_ledger.streams.schema_topic import kafka_codec
 
-            cfg = kafka if isinstance(kafka, KafkaConfig) else KafkaConfig.from_env(bootstrap=kafka)
             store.codec = kafka_codec(cfg)  # lookups hand over other releases' events: learn their schemas
             relay = Relay(store, cfg, metrics=metrics)
             keyring = KafkaKeyring(cfg)
@@ -394,6 +400,12 @@ class Ledger:
         refused = decision_refusal(before, kind, now, grace)
         if refused is not None:
             raise DecisionRefused(key, refused.reason, refused.retry_after_ms)
+        if self._relay is not None:
+            from effect_ledger.sdk.kafka import access
+
+            # Only principals Kafka's ACLs allow may write effects.decisions: one that may not is
+            # told now, not by a refusal in the outbox after an "ok".
+            await access.check(self._relay.cfg, "decide_sdk", "Ledger.decide")
         principal = operator_identity(self._relay.cfg if self._relay is not None else None)
         ev = Decision(new_event_id(), key, now, before.attempt, kind, by, reason, receipt_id, principal)
         return await self._executor.record(before, [ev])

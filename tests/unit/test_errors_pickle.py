@@ -14,6 +14,7 @@ from effect_ledger import (
     EffectRetired,
     EffectUncertain,
     LedgerError,
+    NotAuthorized,
     StorageError,
     UnknownTarget,
 )
@@ -29,6 +30,7 @@ from effect_ledger import (
         (EffectRetired("k", "CONFIRMED", 1_700_000_000_000), ("effect_id", "state", "retired_ms")),
         (UnknownTarget("target 'x' is not declared"), ()),
         (StorageError("disk full"), ()),
+        (NotAuthorized("execute", "User:a", ["Write on topic e"]), ("what", "principal", "missing")),
     ],
 )
 def test_an_error_pickles_with_its_fields(error: LedgerError, fields: tuple[str, ...]) -> None:

@@ -58,7 +58,9 @@ class Watermarks:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer(
-                self.cfg.confluent(**{"group.id": "effect-ledger-watermarks", "enable.auto.commit": False})
+                self.cfg.confluent(
+                    **{"group.id": f"{self.cfg.prefix}effect-ledger-watermarks", "enable.auto.commit": False}
+                )
             )
         return self._consumer
 

@@ -92,7 +92,8 @@ class KafkaKeyring:
         c = Consumer(
             self.cfg.confluent(
                 **{
-                    "group.id": f"effects-keys-{uuid.uuid4().hex}",  # never joins: assign(), no commits
+                    # Never joins (assign(), no commits); under the prefix for the agent role's ACLs.
+                    "group.id": f"{self.cfg.prefix}effects-keys-{uuid.uuid4().hex}",
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                 }

@@ -22,6 +22,13 @@ value) is produced to ``effects.dlq`` and waited for (best effort: the outbox is
 the row is marked ``sent = 2`` with its reason in ``dead_letters``. The relay goes on with the other
 rows, in their order. Any other error fails the batch, which is retried as before.
 
+A row Kafka's ACLs refuse (``FORBIDDEN``: this principal may not write its topic, a person's
+decision written with an agent's credential) is set aside the same way, with the missing right as
+its reason: retrying cannot succeed until an administrator changes the ACLs, and it must not hold
+back the rows behind it. The relay remembers the refusal (``forbidden``): while the events topic
+itself refuses this principal, ``execute`` refuses to call a destination (``NotAuthorized``),
+whatever the ``sync`` setting, since nothing it records could ever reach Kafka.
+
 The broker refuses whole record batches, so its refusal does not say which row was at fault: the
 other rows of that batch were refused with it. Those rows are sent again (``_send``): first as a
 batch once the producer is fitted to the topic's ``max.message.bytes`` (then a row too large is
@@ -62,6 +69,14 @@ PERMANENT = frozenset(
         KafkaError.RECORD_LIST_TOO_LARGE,
         KafkaError.INVALID_MSG_SIZE,
         KafkaError.INVALID_RECORD,  # the broker's validation refused the record
+    }
+)
+#: Refusals of Kafka's ACLs: the row is set aside (like a dead letter) with the missing right.
+FORBIDDEN = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
 
@@ -130,6 +145,9 @@ class Relay:
         self._task: asyncio.Task[None] | None = None
         self._acked_through = 0  # every event with seq <= this is on Kafka, or dead-lettered
         self._dead: dict[int, str] = {}  # dead-lettered seqs above the watermark at start: why
+        # The right Kafka's ACLs refused this relay, per topic ("Write on topic X"): set on a
+        # refusal, cleared when a later write to that topic is acknowledged (the ACLs changed).
+        self.forbidden: dict[str, str] = {}
         self._acked = asyncio.Condition()
         self._headers: dict[str, list[tuple[str, str | bytes | None]]] = {}
         self._appended_through = 0  # the newest seq this relay saw appended (or found at start)
@@ -312,6 +330,7 @@ class Relay:
         first_error: str | None = None
 
         offsets = self._offsets
+        forbidden = self.forbidden
 
         def report_for(seq: int, size: int, intent: bool) -> Any:
             def report(err: KafkaError | None, msg: Any) -> None:
@@ -320,6 +339,12 @@ class Relay:
                     acked.append(seq)
                     if intent:
                         offsets[seq] = (msg.partition(), msg.offset())
+                    if forbidden:
+                        forbidden.pop(msg.topic(), None)
+                elif err.code() in FORBIDDEN:
+                    right = f"Write on topic {msg.topic()}"
+                    forbidden[msg.topic()] = right
+                    refused.append((seq, f"refused by Kafka's ACLs ({err.name()}): this principal lacks {right}"))
                 elif err.code() in PERMANENT:
                     by_broker.append((seq, _refusal(size, err)))
                 elif first_error is None:

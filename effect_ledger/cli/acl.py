@@ -1,0 +1,50 @@
+"""``effects acl``: the Kafka ACLs each role of effect-ledger needs, printed or applied
+(``effect_ledger.streams.acl`` has the table; ``effects topics check --role`` compares a cluster's
+ACLs with it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from effect_ledger.cli._shared import kafka_config, kafka_options, ready
+
+ROLE_HELP = "ROLE=PRINCIPAL (repeat): agent, worker, reconciler, sink, operator, subscriber, auditor, admin"
+
+
+def role_option(required: bool) -> Any:
+    return click.option("--role", "roles", multiple=True, required=required, metavar="ROLE=PRINCIPAL", help=ROLE_HELP)
+
+
+@click.command("acl")
+@kafka_options
+@role_option(required=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["kafka-acls", "json"]), default="kafka-acls", show_default=True,
+    help="kafka-acls.sh lines, or JSON",
+)  # fmt: skip
+@click.option(
+    "--command-config", default="admin.properties", show_default=True, help="named in the kafka-acls.sh lines"
+)
+@click.option(
+    "--apply", "apply_", is_flag=True, help="create the bindings with the admin client (needs Alter on the cluster)"
+)
+def acl_command(
+    bootstrap: str | None, prefix: str | None, roles: tuple[str, ...], fmt: str, command_config: str, apply_: bool
+) -> None:
+    """The least Kafka rights of each role, for the topics under --prefix: print them as
+    kafka-acls.sh lines (default) or JSON, or create them (--apply, as an administrator). A
+    bare principal NAME means User:NAME. Nothing else is ever allowed: a part that lacks one of
+    these rights says which one when it starts (NotAuthorized)."""
+    from effect_ledger.streams.acl import as_json, grants, kafka_acls_lines, parse_roles
+
+    cfg = kafka_config(bootstrap, prefix)
+    given = grants(parse_roles(roles), cfg.topics)
+    if apply_:
+        from effect_ledger.streams import rights
+
+        n = rights.apply(ready(cfg, 10), given)
+        click.echo(f"{n} ACL bindings for {len(given)} principals in place on {cfg.bootstrap}")
+        return
+    click.echo(as_json(given) if fmt == "json" else "\n".join(kafka_acls_lines(given, cfg.bootstrap, command_config)))
