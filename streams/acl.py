@@ -11,7 +11,8 @@ The roles:
 
 ==========  =====================================================================================
 agent       the SDK and ``effects relay``: writes ``events`` (intents, outcomes, receipts), its
-            dead letters, the erasable body keys and its schemas. Never ``decisions``.
+            dead letters, the erasable body keys and its schemas; reads the offsets of
+            ``decisions`` (for lookups), never its records, and never writes it.
 worker      ``effects worker``: reads ``events`` and ``decisions``, writes the timeouts to
             ``events`` and ``state``, ``uncertain``, ``dlq``; owns its app's internal topics
             (changelog, assignor) and consumer group.
@@ -94,6 +95,8 @@ def rights(role: str, topics: Topics) -> tuple[Right, ...]:
     if role == "agent":
         out = [
             *topic(topics.events, WRITE, DESCRIBE, DESCRIBE_CONFIGS),  # the relay fits its batches to the topic
+            # Offsets only: a lookup names the decisions' high watermark the processor must have folded.
+            *topic(topics.decisions, DESCRIBE),
             *topic(topics.dlq, WRITE, DESCRIBE),
             *topic(topics.keys, READ, WRITE, DESCRIBE),
             *schemas,
@@ -147,7 +150,7 @@ def rights(role: str, topics: Topics) -> tuple[Right, ...]:
 #: What a part needs on its topics to start: checked by the part itself (``missing_rights``).
 #: Each is a (topic attribute of ``Topics``, operation) pair.
 NEEDS: Mapping[str, tuple[tuple[str, str], ...]] = {
-    "agent": (("events", WRITE), ("schemas", WRITE), ("schemas", READ)),
+    "agent": (("events", WRITE), ("decisions", DESCRIBE), ("schemas", WRITE), ("schemas", READ)),
     "decide": (("decisions", WRITE), ("events", READ), ("decisions", READ)),  # effects resolve
     "decide_sdk": (("decisions", WRITE),),  # Ledger.decide: the relay writes it
     "worker": (

@@ -117,16 +117,23 @@ def admin_client(cfg: KafkaConfig, **overrides: Any) -> AdminClient:
     return AdminClient(cfg.confluent(**overrides))
 
 
+#: How long a broker may refuse a login before that is the answer: a broker that has just started
+#: may refuse SCRAM logins for a moment, until it has read the credentials from its metadata log.
+LOGIN_GRACE_S = 3.0
+
+
 def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
     """Block until a broker answers a metadata request; returns the number of brokers seen.
-    ``BrokerRefusedLogin`` at once (not after ``timeout``) when a broker refuses the credentials
-    or the TLS handshake; ``BrokerUnavailable`` when none answers in time."""
+    ``BrokerRefusedLogin`` within ``LOGIN_GRACE_S`` (not after ``timeout``) when a broker keeps
+    refusing the credentials or the TLS handshake; ``BrokerUnavailable`` when none answers in
+    time."""
     from confluent_kafka import KafkaError, KafkaException
 
     refused: list[str] = []
 
     def on_error(err: KafkaError) -> None:
-        # The broker's own verdict on who we are: a retry with the same settings cannot succeed.
+        # The broker's own verdict on who we are (a retry with the same settings will not succeed
+        # once the broker is up: see LOGIN_GRACE_S).
         if err.code() in (KafkaError._AUTHENTICATION, KafkaError._SSL):
             refused.append(err.str())
 
@@ -134,6 +141,7 @@ def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
     admin = admin_client(cfg, log_level=0, error_cb=on_error)
     deadline = time.monotonic() + timeout
     last: Exception | None = None
+    first_refused: float | None = None
     while time.monotonic() < deadline:
         try:
             md = admin.list_topics(timeout=min(0.5, max(0.1, deadline - time.monotonic())))
@@ -142,9 +150,14 @@ def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
         except KafkaException as e:
             last = e
         admin.poll(0)  # serves on_error
-        if refused:
-            raise BrokerRefusedLogin(f"Kafka at {cfg.bootstrap} refused this client: {_login_cause(refused[0])}")
+        if refused and first_refused is None:
+            first_refused = time.monotonic()
+        if first_refused is not None and time.monotonic() - first_refused >= min(LOGIN_GRACE_S, timeout):
+            raise BrokerRefusedLogin(f"Kafka at {cfg.bootstrap} refused this client: {_login_cause(refused[-1])}")
         time.sleep(0.1)
+    admin.poll(0)
+    if refused:  # the only answers were refusals: that is the answer
+        raise BrokerRefusedLogin(f"Kafka at {cfg.bootstrap} refused this client: {_login_cause(refused[-1])}")
     raise BrokerUnavailable(
         f"no Kafka broker answered at {cfg.bootstrap} within {timeout:.0f} s ({last or 'no brokers'})"
     )

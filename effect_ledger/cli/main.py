@@ -33,6 +33,7 @@ from effect_ledger.cli._shared import (
     ready,
     table,
     topic_options,
+    wide_option,
 )
 from effect_ledger.streams.config import KafkaConfig
 
@@ -460,8 +461,29 @@ def reconcile(
 @main.command()
 @click.option("--db", required=True, type=LedgerPath(exists=True), help="the ledger file (outbox)")
 @topic_options
-def relay(db: str, bootstrap: str | None, prefix: str | None, partitions: int | None) -> None:
-    """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit."""
+@click.option(
+    "--refused", is_flag=True,
+    help="list the rows Kafka refused for good and the relay set aside (no broker needed), then exit",
+)  # fmt: skip
+@wide_option
+def relay(
+    db: str, bootstrap: str | None, prefix: str | None, partitions: int | None, refused: bool, wide: bool
+) -> None:
+    """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit.
+    A row Kafka refuses for good (too large, invalid, or refused by its ACLs) is set aside with its
+    reason and the rows behind it go on; --refused lists those rows."""
+    if refused:
+        from effect_ledger.core.timeparse import iso
+        from effect_ledger.ops.views import read_only
+
+        with read_only(db) as reader:
+            rows = reader.set_aside()
+        t = table(None, "seq", "effect", "kind", "set aside", "reason")
+        for r in rows:
+            t.add_row(str(r["seq"]), r["effect_id"], r["kind"], iso(r["at_ms"]), r["reason"])
+        print_table(t, wide)
+        click.echo(f"{len(rows)} rows set aside in {db}")
+        return
     from rich.progress import Progress
 
     from effect_ledger.sdk.kafka.relay import Relay

@@ -136,6 +136,9 @@ def test_a_refused_row_is_set_aside_and_the_rows_behind_it_are_sent(secured: Sec
     with sqlite3.connect(db) as conn:
         (reason,) = conn.execute("SELECT reason FROM dead_letters").fetchone()
     assert f"Write on topic {agent.topics.decisions}" in reason
+    listed = effects_cli(agent, "relay", "--db", str(db), "--refused", "--wide")
+    assert listed.returncode == 0 and "1 rows set aside" in listed.stdout, listed.stderr
+    assert "Decision" in listed.stdout and f"Write on topic {agent.topics.decisions}" in listed.stdout
     on_kafka = consume_all(secured.admin, secured.admin.topics.events)
     assert len(on_kafka) == 6  # both effects: intent, executed and receipt each
     assert agent.sasl_password not in r.stdout + r.stderr
@@ -241,6 +244,7 @@ def test_the_services_run_with_their_roles_alone(secured: Secured, tmp_path: Pat
     from tests.topic_io import run_agent
 
     worker, reconciler, agent, sink = (secured.user(r) for r in ("worker", "reconciler", "agent", "sink"))
+    operator, subscriber, auditor = (secured.user(r) for r in ("operator", "subscriber", "auditor"))
     gateway = Gateway("lookup").start()
     services: list[Any] = []
     try:
@@ -254,7 +258,7 @@ def test_the_services_run_with_their_roles_alone(secured: Secured, tmp_path: Pat
         services.append(rec.start())
         a = run_agent(
             agent, tmp_path / "agent", gateway.url, "after_intent", run_id="svc-1", timeout=1.5,
-            extra=["--kind", "lookup"], env=env_of(agent),
+            extra=["--kind", "lookup", "--lookup", proc.url], env=env_of(agent),  # claims through the processor
         )  # fmt: skip
         out, _ = a.communicate(timeout=90)
         assert a.returncode != 0, out  # killed after its intent: nothing was sent
@@ -264,11 +268,31 @@ def test_the_services_run_with_their_roles_alone(secured: Secured, tmp_path: Pat
             status, body = proc.lookup(key)
             return body.get("state") if status == 200 else None
 
-        wait_for(lambda: state() == State.ABSENT.value, 90, "UNCERTAIN, then ABSENT from the reconcilers")
+        try:
+            wait_for(lambda: state() == State.ABSENT.value, 90, "UNCERTAIN, then ABSENT from the reconcilers")
+        except TimeoutError as e:
+            said = out.decode(errors="replace")[-3000:]
+            raise AssertionError(f"{e}: {proc.lookup(key)}; the agent said: {said}") from None
         sunk = effects_cli(sink, "sink", "--to", f"sqlite:///{tmp_path / 'sink.db'}", "--once")
         assert sunk.returncode == 0, sunk.stderr
         with sqlite3.connect(tmp_path / "sink.db") as conn:
             assert conn.execute("SELECT state FROM effects WHERE effect_id = ?", (key,)).fetchone() == ("ABSENT",)
+        # A subscriber follows the states; an auditor replays the log; an operator decides in the console.
+        tail = effects_cli(subscriber, "tail", "--from-beginning", "--json", "--state", "ABSENT", "--count", "1")
+        assert tail.returncode == 0 and key in tail.stdout, tail.stderr
+        audit = effects_cli(auditor, "audit", "--from", "-1h", "--json")
+        assert key in audit.stdout or '"uncertain"' in audit.stdout, audit.stdout + audit.stderr
+        from effect_ledger.console.auth import Credentials
+        from effect_ledger.console.source import Source
+        from tests.console_server import serve
+        from tests.unit.console.test_console_api import call, get_json
+
+        with serve(Source(cfg=operator), Credentials("console-token")) as url:
+            listed = get_json(url, "/api/effects?from=-1h")
+            assert [e["effect_id"] for e in listed["effects"]] == [key], listed
+            body = {"key": key, "decision": "ABANDONED", "reason": "the order was cancelled", "by": "carol"}
+            status, text = call(url, "/api/resolve", body, "Bearer console-token")
+            assert status == 200 and operator.topics.decisions in text, text
         # A right taken from the running worker: it says so, and is not ready (checked every 15 s).
         secured.revoke(worker, "topic", worker.topics.state, "Write")
         health = wait_for(lambda: (h := proc.health()) and not h["ready"] and h, 60, "the worker not ready")
@@ -308,7 +332,7 @@ def test_a_certificate_for_another_host_is_refused(secure_admin: KafkaConfig, tm
     import ssl
     import threading
 
-    tls = ROOT / ".kafka-secure" / "tls"
+    tls = Path(secure_admin.ssl_cafile or "").parent  # the broker's CA, in its run dir
     key, csr, cert, ext = (tmp_path / n for n in ("o.key", "o.csr", "o.pem", "ext"))
     ext.write_text("subjectAltName=DNS:other.example\n")
     for cmd in (
@@ -371,16 +395,12 @@ def test_a_reconciler_may_not_read_decisions(secured: Secured, tmp_path: Path) -
     assert "not allow" in r.stderr and key not in r.stdout, r.stderr
 
 
-def test_a_rotated_credential_is_rolled_out_by_restarting_the_worker(secured: Secured, tmp_path: Path) -> None:
-    """The worker's password is changed while it runs: every new connection of the running worker
-    fails, so it says so and stops being ready (nothing it holds is lost); a worker started with
-    the old password is refused at once (one line); one with the new password takes over and
-    folds everything, including what was written meanwhile."""
-    import secrets as random
-
-    from confluent_kafka.admin import ScramCredentialInfo, ScramMechanism, UserScramCredentialUpsertion
-
-    from effect_ledger.streams.admin import admin_client
+def test_a_credential_is_rotated_by_moving_the_worker_to_a_second_user(secured: Secured, tmp_path: Path) -> None:
+    """The worker role is given to a second user and taken from the first while its worker runs:
+    the running worker says which rights it lost and stops being ready (nothing it holds is lost);
+    a worker started with the old credential is refused at once (one line); one with the new
+    user's takes over and folds everything, including what was written meanwhile."""
+    from effect_ledger.streams.acl import rights as role_rights
     from tests.services import Processor, wait_for
 
     worker, agent = secured.user("worker"), secured.user("agent")
@@ -394,26 +414,30 @@ def test_a_rotated_credential_is_rolled_out_by_restarting_the_worker(secured: Se
     proc.env.update(env_of(worker))
     proc.start().wait_ready(90)
     try:
-        key = go_key = asyncio.run(go("r1"))
-        wait_for(lambda: proc.lookup(go_key)[1].get("state") == State.CONFIRMED.value, 60, "the worker folding")
-        new_password = random.token_hex(16)
-        secured.secrets.append(new_password)
-        admin = admin_client(secured.admin)
-        info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
-        upsert = [UserScramCredentialUpsertion(worker.sasl_username or "", info, new_password.encode())]
-        for fut in admin.alter_user_scram_credentials(upsert).values():
-            fut.result(30)
-        key2 = asyncio.run(go("r2"))  # written while the running worker cannot log in again
-        health = wait_for(lambda: (h := proc.health()) and not h["ready"] and h, 60, "the worker not ready")
-        assert "SASL authentication" in health["missing_rights"][0], health
+        key = asyncio.run(go("r1"))
+        wait_for(lambda: proc.lookup(key)[1].get("state") == State.CONFIRMED.value, 60, "the worker folding")
+        successor = secured.user("worker")
+        for r in role_rights("worker", worker.topics):
+            if r.resource == "topic" and r.pattern == "literal" and r.operation in ("Write", "Read"):
+                secured.revoke(worker, "topic", r.name, r.operation)
+        key2 = asyncio.run(go("r2"))  # written while the running worker has lost its rights
+        # Either its rights check says so first (not ready), or its next write is refused and it
+        # stops, the batch unacknowledged (the next owner reads it again): never a ready worker
+        # that folds nothing.
+        wait_for(lambda: not proc.alive or not (proc.health() or {}).get("ready", True), 60, "the worker not ready")
+        log = proc.log()
+        assert (
+            f"no longer gives this worker: Read on topic {worker.topics.events}" in log
+            or "OutputRefused" in log
+            and "TOPIC_AUTHORIZATION_FAILED" in log
+        ), log[-3000:]
         old = effects_cli(worker, "worker", "--data-dir", str(tmp_path / "d2"), "--web-port", "6198")
-        assert old.returncode == 1 and "SASL authentication" in old.stderr, old.stderr
+        assert old.returncode == 1 and "Kafka does not allow" in old.stderr, old.stderr
         assert len(old.stderr.strip().splitlines()) == 1 and worker.sasl_password not in old.stderr
     finally:
         proc.stop()
-    rotated = replace(worker, sasl_password=new_password)
-    again = Processor(rotated, tmp_path / "data")
-    again.env.update(env_of(rotated))
+    again = Processor(successor, tmp_path / "data")
+    again.env.update(env_of(successor))
     again.start().wait_ready(90)
     try:
         for k in (key, key2):

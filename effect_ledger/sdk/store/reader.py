@@ -107,6 +107,10 @@ class LedgerReader:
         self._run(lambda c: (c.execute("SELECT * FROM effects LIMIT 1").fetchall(),
                              c.execute("SELECT * FROM events LIMIT 1").fetchall()))  # fmt: skip
 
+    def set_aside(self) -> list[sqlite3.Row]:
+        """Outbox rows Kafka refused for good (seq, effect_id, kind, at_ms, reason), oldest first."""
+        return self._run(tables.set_aside)  # type: ignore[no-any-return]
+
     def created_between(self, from_ms: int, to_ms: int) -> list[sqlite3.Row]:
         """Effects created in [``from_ms``, ``to_ms``), newest first."""
         return self._run(tables.created_between, from_ms, to_ms)  # type: ignore[no-any-return]

@@ -70,7 +70,8 @@ DROP INDEX IF EXISTS effects_by_deadline;
 CREATE INDEX IF NOT EXISTS effects_unsettled ON effects(state, deadline_ms) WHERE {UNSETTLED};
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', '1');
--- Rows Kafka refused for good (too large, invalid): the relay marked them sent = 2 and went on.
+-- Rows Kafka refused for good (too large, invalid, refused by its ACLs): the relay marked them
+-- sent = 2 and went on.
 CREATE TABLE IF NOT EXISTS dead_letters (
     seq     INTEGER PRIMARY KEY,        -- the events row
     at_ms   INTEGER NOT NULL,
@@ -183,6 +184,14 @@ def due_checks(conn: sqlite3.Connection, now_ms: int, limit: int) -> list[Due]:
         (now_ms, limit),
     ).fetchall()
     return [Due(*r) for r in found]
+
+
+def set_aside(conn: sqlite3.Connection) -> list[sqlite3.Row]:
+    """The outbox rows the relay set aside (Kafka refused them for good), oldest first."""
+    return conn.execute(
+        "SELECT d.seq, e.effect_id, e.kind, d.at_ms, d.reason FROM dead_letters d JOIN events e ON e.seq = d.seq"
+        " ORDER BY d.seq"
+    ).fetchall()
 
 
 def unsettled(conn: sqlite3.Connection, created_before_ms: int | None = None) -> list[sqlite3.Row]:
