@@ -25,9 +25,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 
 from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect
 from effect_ledger.core.reconcile import Target, judge, only_the_agent_can_ask, target_for, view_of_uncertain
-from effect_ledger.errors import DecodeError, EncodeError
+from effect_ledger.errors import DecodeError, EncodeError, NotAuthorized
 from effect_ledger.sdk.kafka.relay import producer_config
-from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.dlq import dead_letter
 from effect_ledger.streams.log_clock import LogClock, log_time_of
 from effect_ledger.streams.schema_topic import kafka_codec
@@ -47,6 +47,20 @@ _Out = tuple[str, bytes | None, Resolution | DeadLetter]  # (topic, key, record)
 #: to the others: the workers' 10 s, not librdkafka's 45 s. Heartbeats come from librdkafka's own
 #: thread, so a long batch of asks does not count against it (that is ``max.poll.interval.ms``).
 SESSION_TIMEOUT_MS = 10_000
+#: The pause after a batch the broker failed, doubled each time it fails again, up to the maximum.
+_FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 10.0
+
+
+def _forbidden(e: BaseException) -> str | None:
+    """The right Kafka's ACLs refused, when ``e`` is such a refusal."""
+    err = e.args[0] if isinstance(e, KafkaException) and e.args else None
+    if isinstance(err, KafkaError) and err.code() in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+    ):  # fmt: skip
+        return f"{err.name()}: {err.str()}"
+    text = str(e)
+    return text if "AUTHORIZATION_FAILED" in text else None
 
 
 @dataclass
@@ -55,6 +69,7 @@ class ServiceStats:
     resolutions: dict[str, int] = field(default_factory=dict)
     skipped: int = 0
     dead_letters: int = 0
+    retries: int = 0  # batches the broker failed, consumed again
 
 
 class ReconcileService:
@@ -96,10 +111,29 @@ class ReconcileService:
         self._consumer.subscribe([cfg.topics.uncertain])
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Reconcile until ``stop``. A batch the broker fails (its coordinator died, a leader moved,
+        the cluster is away) is rewound and consumed again after a pause that grows to
+        ``MAX_BACKOFF_S``: the service heals by itself when the cluster does. Only a refusal of
+        Kafka's ACLs stops it (``NotAuthorized``: asking again cannot help)."""
         stop = stop or asyncio.Event()
+        backoff = _FIRST_BACKOFF_S
         try:
             while not stop.is_set():
-                await self.run_once(timeout=0.5)
+                try:
+                    await self.run_once(timeout=0.5)
+                    backoff = _FIRST_BACKOFF_S
+                except (KafkaException, RuntimeError) as e:
+                    forbidden = _forbidden(e)
+                    if forbidden is not None:
+                        raise NotAuthorized("effects reconcile", operator_identity(self.cfg), [forbidden]) from e
+                    self.stats.retries += 1
+                    log.warning("a batch failed (%s); consuming it again in %.1f s", e, backoff)
+                    try:
+                        await asyncio.wait_for(stop.wait(), backoff)
+                    except TimeoutError:
+                        pass
+                    backoff = min(MAX_BACKOFF_S, backoff * 2)
+                    continue
                 if self.metrics is not None:  # after an empty poll too: a lag that drained reads 0
                     await asyncio.to_thread(self._record_lag)
         finally:
@@ -121,6 +155,27 @@ class ReconcileService:
             log_ms = log_time_of(*m.timestamp())
             if log_ms is not None:
                 self.log_clock.observe(log_ms)
+        try:
+            return await self._handle(msgs)
+        except BaseException:
+            # Not committed: consume the batch again (the consumer's position moved past it).
+            await asyncio.to_thread(self._rewind, msgs)
+            raise
+
+    def _rewind(self, msgs: list[Message]) -> None:
+        """Seek each partition of ``msgs`` back to the batch's first offset in it. A partition no
+        longer assigned is left alone: its next owner starts at the committed offset."""
+        first: dict[tuple[str, int], int] = {}
+        for m in msgs:
+            k = (str(m.topic()), int(m.partition() or 0))
+            first[k] = min(first.get(k, int(m.offset() or 0)), int(m.offset() or 0))
+        for (topic, partition), offset in first.items():
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException as e:
+                log.info("not rewinding %s[%d] to %d: %s", topic, partition, offset, e)
+
+    async def _handle(self, msgs: list[Message]) -> int:
         results = await asyncio.gather(*(self._one(m) for m in msgs))
         items = [(m, out) for m, out in zip(msgs, results, strict=True) if out is not None]
         refused = await asyncio.to_thread(self._produce, [out for _, out in items])

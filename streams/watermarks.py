@@ -1,9 +1,13 @@
 """A partition's watermarks, asked again while the broker answers "not yet".
 
 A partition whose leader is being elected (a topic just created, a broker restarting) answers a
-watermark query with NOT_LEADER_FOR_PARTITION or LEADER_NOT_AVAILABLE for a moment. Every reader
-that reads a compacted topic from its start to its end (the schemas, the erasure keys, the state
-sink) asks through here, so none of them reports such a moment as a topic it cannot read.
+watermark query with NOT_LEADER_FOR_PARTITION or LEADER_NOT_AVAILABLE for a moment; a client whose
+metadata is stale (a broker died and its partitions moved, partitions were added) does not know the
+partition's leader at all (the client's own UNKNOWN_PARTITION) until it asks for metadata again,
+which librdkafka does on its own only every few minutes: this module asks for it at once. Every
+reader that reads a compacted topic from its start to its end (the schemas, the erasure keys, the
+state sink) and the claims' watermark reads ask through here, so none of them reports such a moment
+as a topic it cannot read, nor fails an agent's call for it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ def _not_yet() -> frozenset[int]:
             KafkaError.NOT_LEADER_FOR_PARTITION,
             KafkaError.LEADER_NOT_AVAILABLE,
             KafkaError.UNKNOWN_TOPIC_OR_PART,  # a partition of a topic created a moment ago
+            KafkaError._UNKNOWN_PARTITION,  # the client's metadata is stale (refreshed below)
             KafkaError._TRANSPORT,
             KafkaError._TIMED_OUT,
         }
@@ -35,7 +40,7 @@ def _not_yet() -> frozenset[int]:
 def watermarks(consumer: Any, tp: Any, deadline: float) -> tuple[int, int]:
     """(low, high) of ``tp``, asked again while the broker answers "not yet" and the monotonic
     ``deadline`` is ahead; any other error, or one at the deadline, is raised (``KafkaException``)."""
-    from confluent_kafka import KafkaException
+    from confluent_kafka import KafkaError, KafkaException
 
     while True:
         try:
@@ -46,7 +51,19 @@ def watermarks(consumer: Any, tp: Any, deadline: float) -> tuple[int, int]:
             transient = err is not None and (err.code() in _not_yet() or err.retriable())
             if not transient or time.monotonic() + _PAUSE_S >= deadline:
                 raise
+            if err is not None and err.code() == KafkaError._UNKNOWN_PARTITION:
+                _refresh(consumer, tp.topic, deadline)
         time.sleep(_PAUSE_S)
+
+
+def _refresh(consumer: Any, topic: str, deadline: float) -> None:
+    """Ask the broker for ``topic``'s metadata now: the client's cache is stale."""
+    from confluent_kafka import KafkaException
+
+    try:
+        consumer.list_topics(topic, timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+    except KafkaException:
+        pass  # the next watermark query says what is wrong
 
 
 def high_watermark(consumer: Any, tp: Any, deadline: float) -> int:

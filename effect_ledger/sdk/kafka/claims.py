@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +36,7 @@ from effect_ledger.sdk.kafka.lookup import FoldedThrough, ProcessorLookup
 from effect_ledger.sdk.store.sqlite import ClaimOp, Store, VersionConflict
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
+from effect_ledger.streams.watermarks import high_watermark
 
 _CONFLICT_RETRIES = 16
 _WATERMARK_TIMEOUT_S = 5.0
@@ -65,12 +67,15 @@ class Watermarks:
         return self._consumer
 
     def _highs(self, c: Any, partition: int) -> tuple[int, int]:
+        """Asked again while the broker says "not yet" or the client's metadata is stale (a broker
+        died and its partitions moved), within ``timeout_s``: a moment of leader election is not a
+        reason to fail an agent's call (``streams.watermarks``)."""
         from confluent_kafka import TopicPartition
 
         topics = self.cfg.topics
+        deadline = time.monotonic() + self.timeout_s
         events, decisions = (
-            int(c.get_watermark_offsets(TopicPartition(topic, partition), self.timeout_s, False)[1])
-            for topic in (topics.events, topics.decisions)
+            high_watermark(c, TopicPartition(topic, partition), deadline) for topic in (topics.events, topics.decisions)
         )
         return events, decisions
 

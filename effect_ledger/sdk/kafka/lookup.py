@@ -107,10 +107,7 @@ class ProcessorLookup:
                 f"(Ledger.open(lookup_token=...) or {TOKEN_ENV})"
             )
         if status == 503 and isinstance(body, dict) and body.get("lagging"):
-            raise LedgerLagging(
-                f"processor lags on partition {body.get('partition')}: consumed {body.get('processed')}, "
-                f"high watermark {body.get('high_watermark')}"
-            )
+            raise LedgerLagging(_lagging(body, self.url))
         return _events_of(status, body, key, self.url)
 
     async def close(self) -> None:
@@ -146,3 +143,16 @@ def _events_of(status: int, body: Any, key: str, url: str) -> list[bytes]:
         return [base64.b64decode(e, validate=True) for e in events]
     except (binascii.Error, TypeError, ValueError) as e:
         raise refuse(f"events that are not base64 ({e})") from e
+
+
+def _lagging(body: dict[str, Any], url: str) -> str:
+    """Why the processor could not answer yet, in its own words: the offsets when it gave them,
+    else its reason (starting, no owner of the partition, a silent peer, a slow broker)."""
+    where = f"partition {body['partition']}" if body.get("partition") is not None else "the key's partition"
+    if body.get("processed") is not None and body.get("high_watermark") is not None:
+        return (
+            f"the ledger processor at {url} lags on {where}: consumed through offset {body['processed']}, "
+            f"high watermark {body['high_watermark']}"
+        )
+    reason = str(body.get("reason") or "no reason given")[:300]
+    return f"the ledger processor at {url} cannot answer for {where} yet: {reason}"

@@ -3,10 +3,14 @@ back from a request's query: a claim answer covers the agent's own intent, or th
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from effect_ledger.core.effect import apply, claim_verdict
 from effect_ledger.core.model import Intent
 from effect_ledger.sdk.kafka.claims import owns
-from effect_ledger.sdk.kafka.lookup import FoldedThrough, folded_through_asked
+from effect_ledger.sdk.kafka.lookup import FoldedThrough, _lagging, folded_through_asked
 
 
 def test_the_query_a_lookup_sends_reads_back_as_what_it_asked() -> None:
@@ -41,3 +45,23 @@ def test_owns_reads_the_recorded_verdict() -> None:
     e, _ = apply(e, v)
     e, _ = apply(e, y)
     assert owns(e, x) is True and owns(e, y) is False
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (
+            {"lagging": True, "partition": 2, "processed": 41, "high_watermark": 50},
+            "lags on partition 2: consumed through offset 41, high watermark 50",
+        ),
+        ({"lagging": True, "reason": "the processor is starting"}, "key's partition yet: the processor is starting"),
+        (
+            {"lagging": True, "partition": 0, "reason": "no worker owns the partition right now"},
+            "partition 0 yet: no worker owns the partition right now",
+        ),
+        ({"lagging": True}, "yet: no reason given"),
+    ],
+)
+def test_a_lagging_answer_says_why_in_the_processors_words(body: dict[str, Any], says: str) -> None:
+    text = _lagging(body, "http://w:6066")
+    assert says in text and "None" not in text, text
