@@ -55,6 +55,8 @@ class LookupRoute:
     #: key -> the answer for a retired key (status 410), or None
     retired: Callable[[str], dict[str, Any] | None] = lambda _key: None
     clock: Callable[[], float] = time.monotonic
+    #: why the processor is not ready (it is starting, or Kafka took one of its rights away)
+    not_ready: Callable[[], str] = lambda: "the processor is starting"
     #: waits at most the given seconds for the fold to move on (the processor wakes it after
     #: every batch, so a lookup answers as soon as its offsets are folded)
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -70,7 +72,7 @@ class LookupRoute:
         # faust serves the web view before the worker owns partitions: until then nobody can say
         # whether the table is complete.
         if not self.ready():
-            return 503, {"lagging": True, "reason": "the processor is starting"}
+            return 503, {"lagging": True, "reason": self.not_ready()}
         p = partition_for(key.encode(), self.partitions)
         asked = folded_through_asked(query or {}, p)
         if isinstance(asked, str):

@@ -258,6 +258,7 @@ class LedgerProcessor:
             token=settings.web_token,
             own_url=str(self.app.conf.canonical_url),
             ready=lambda: self.ready,
+            not_ready=self._not_ready,
             assigned=self._assigned,
             highwaters=self._watermarks.highs,
             folded=lambda p: (self.folded_through(p), self.folded_through(p, self.decisions.get_topic_name())),
@@ -414,6 +415,11 @@ class LedgerProcessor:
         """RocksDB's own counts of the table's memory, in bytes (None: not a RocksDB store)."""
         store = self.table.data
         return store.memory() if isinstance(store, rocks.Store) else None
+
+    def _not_ready(self) -> str:
+        if self.missing_rights:
+            return f"Kafka no longer gives this worker: {'; '.join(self.missing_rights)}"
+        return "the processor is starting"
 
     @property
     def ready(self) -> bool:

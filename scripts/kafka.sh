@@ -205,7 +205,9 @@ up() {
   if [ ! -f "$run/data/meta.properties" ]; then
     local id scram=()
     id=$(java -cp "$cp" kafka.tools.StorageTool random-uuid 2>>"$log" | tail -1)
-    # The admin's SCRAM credential must exist before the broker's own inter-broker login.
+    # The admin's SCRAM credential must exist before the broker's own inter-broker login. (Its
+    # password is on this one command line, once, at the first start: StorageTool takes it no
+    # other way; the broker's own copy is in the 0600 server.properties.)
     [ "$secure" = 1 ] && scram=(--add-scram "SCRAM-SHA-512=[name=admin,password=$(cat "$run/secrets/admin")]")
     java -cp "$cp" -Dlog4j2.configurationFile="$run/log4j2.properties" kafka.tools.StorageTool \
       format -t "$id" -c "$run/server.properties" "${scram[@]}" >>"$log" 2>&1 \
@@ -216,14 +218,13 @@ up() {
     -Dlog4j2.configurationFile="$run/log4j2.properties" \
     -cp "$cp" kafka.Kafka "$run/server.properties" >>"$log" 2>&1 < /dev/null &
   echo $! > "$pidfile"
-  local what="" envs=()
-  if [ "$secure" = 1 ]; then
-    what=" (SASL_SSL, ACLs; admin settings in $run/admin.env)"
-    mapfile -t envs < "$run/admin.env"
-  fi
+  local what=""
+  [ "$secure" = 1 ] && what=" (SASL_SSL, ACLs; admin settings in $run/admin.env)"
   echo "kafka.sh: starting Kafka $KAFKA_VERSION (pid $(cat "$pidfile")) on 127.0.0.1:$port$what, log $run/kafka-server.log"
   [ -x "$python" ] || die "no project virtualenv at $python: run 'make venv' first"
-  if ! env "${envs[@]}" "$python" -m effect_ledger.streams.admin wait --bootstrap "127.0.0.1:$port" --timeout 60; then
+  # The admin's settings through the environment (exported in a subshell), never on a command line.
+  if ! ( if [ "$secure" = 1 ]; then set -a; . "$run/admin.env"; set +a; fi
+         "$python" -m effect_ledger.streams.admin wait --bootstrap "127.0.0.1:$port" --timeout 60 ); then
     running || { tail -30 "$log" >&2; tail -30 "$run/kafka-server.log" >&2 2>/dev/null; }
     down
     die "broker did not answer a metadata request within 60 s (logs in $run)"

@@ -78,8 +78,11 @@ class Right:
     operation: str
 
 
-def rights(role: str, topics: Topics) -> tuple[Right, ...]:
-    """The least rights of ``role`` on the topics, groups and cluster of ``topics.prefix``."""
+def rights(
+    role: str, topics: Topics, *, app_id: str = WORKER_APP_ID, reconciler_group: str = RECONCILER_GROUP
+) -> tuple[Right, ...]:
+    """The least rights of ``role`` on the topics and groups of ``topics.prefix``; ``app_id`` and
+    ``reconciler_group``: the worker's ``--app-id`` and the reconcilers' ``--group``."""
     p = topics.prefix
 
     def topic(name: str, *ops: str) -> list[Right]:
@@ -103,7 +106,7 @@ def rights(role: str, topics: Topics) -> tuple[Right, ...]:
             *group(g["schemas"], g["watermarks"], g["keys"]),
         ]
     elif role == "worker":
-        internal = p + WORKER_APP_ID + "-"  # faust's changelog and assignor topics
+        internal = p + app_id + "-"  # faust's changelog and assignor topics
         out = [
             *topic(topics.events, READ, WRITE, DESCRIBE),
             *topic(topics.decisions, READ, DESCRIBE),
@@ -115,14 +118,15 @@ def rights(role: str, topics: Topics) -> tuple[Right, ...]:
             # It refuses to start on topics whose settings drifted (``require_topics``).
             *[r for t in topics.all() for r in topic(t, DESCRIBE_CONFIGS)],
             *[Right("topic", internal, "prefixed", op) for op in (CREATE, READ, WRITE, DESCRIBE, DESCRIBE_CONFIGS)],
-            *group(WORKER_APP_ID, g["schemas"]),
+            *group(app_id, g["schemas"]),
         ]
     elif role == "reconciler":
         out = [
             *topic(topics.uncertain, READ, DESCRIBE),
             *topic(topics.events, WRITE, DESCRIBE),
+            *topic(topics.dlq, WRITE, DESCRIBE),  # a record it cannot reconcile is dead-lettered
             *schemas,
-            *group(RECONCILER_GROUP, g["schemas"]),
+            *group(reconciler_group, g["schemas"]),
         ]
     elif role == "sink":
         out = [*topic(topics.state, READ, DESCRIBE), *reads_schemas, *group(g["sink"], g["schemas"])]
@@ -141,7 +145,11 @@ def rights(role: str, topics: Topics) -> tuple[Right, ...]:
         out = [r for t in readable for r in topic(t, READ, DESCRIBE)] + group(g["tool"], g["schemas"])
     elif role == "admin":
         ops = (CREATE, DELETE, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS, READ, WRITE)
-        out = [Right("topic", p, "prefixed", op) for op in ops]
+        if p:
+            out = [Right("topic", p, "prefixed", op) for op in ops]
+        else:  # no prefix: an empty resource name is not a valid ACL; each topic by its name
+            out = [r for t in topics.all() for r in topic(t, *ops)]
+        out += group(g["tool"], g["schemas"], g["keys"])  # retire reads the states, erase the keys
     else:
         raise ConfigError(f"unknown role {role!r}: one of {', '.join(ROLES)}")
     return tuple(sorted(set(out)))
@@ -150,7 +158,15 @@ def rights(role: str, topics: Topics) -> tuple[Right, ...]:
 #: What a part needs on its topics to start: checked by the part itself (``missing_rights``).
 #: Each is a (topic attribute of ``Topics``, operation) pair.
 NEEDS: Mapping[str, tuple[tuple[str, str], ...]] = {
-    "agent": (("events", WRITE), ("decisions", DESCRIBE), ("schemas", WRITE), ("schemas", READ)),
+    "agent": (
+        ("events", WRITE),
+        ("decisions", DESCRIBE),
+        ("dlq", WRITE),
+        ("keys", READ),
+        ("keys", WRITE),
+        ("schemas", WRITE),
+        ("schemas", READ),
+    ),  # fmt: skip
     "decide": (("decisions", WRITE), ("events", READ), ("decisions", READ)),  # effects resolve
     "decide_sdk": (("decisions", WRITE),),  # Ledger.decide: the relay writes it
     "worker": (
@@ -163,7 +179,13 @@ NEEDS: Mapping[str, tuple[tuple[str, str], ...]] = {
         ("schemas", READ),
         ("schemas", WRITE),
     ),  # fmt: skip
-    "reconciler": (("uncertain", READ), ("events", WRITE), ("schemas", READ), ("schemas", WRITE)),
+    "reconciler": (
+        ("uncertain", READ),
+        ("events", WRITE),
+        ("dlq", WRITE),
+        ("schemas", READ),
+        ("schemas", WRITE),
+    ),  # fmt: skip
     "sink": (("state", READ), ("schemas", READ)),
 }
 
@@ -195,8 +217,10 @@ def parse_roles(specs: Iterable[str]) -> list[tuple[str, str]]:
     return out
 
 
-def grants(roles: Sequence[tuple[str, str]], topics: Topics) -> list[Grant]:
-    return [Grant(principal, role, rights(role, topics)) for role, principal in roles]
+def grants(roles: Sequence[tuple[str, str]], topics: Topics, **names: str) -> list[Grant]:
+    """Each role's rights given to its principal (``names``: ``rights``'s ``app_id`` and
+    ``reconciler_group``)."""
+    return [Grant(principal, role, rights(role, topics, **names)) for role, principal in roles]
 
 
 def kafka_acls_lines(grants_: Sequence[Grant], bootstrap: str, command_config: str = "admin.properties") -> list[str]:

@@ -48,7 +48,10 @@ def own_rights(cfg: KafkaConfig, topics: Iterable[str], timeout: float = 10.0) -
                 out[name] = frozenset()  # not even Describe (whether it exists is not told)
                 continue
             raise
-        ops = described.authorized_operations or []
+        ops = described.authorized_operations
+        if ops is None:  # a broker that does not say (before KIP-430): unknown, not "nothing"
+            out[name] = frozenset(_OPS)
+            continue
         out[name] = frozenset(by_name[o.name] for o in ops if o.name in by_name)
     return out
 

@@ -17,9 +17,22 @@ def role_option(required: bool) -> Any:
     return click.option("--role", "roles", multiple=True, required=required, metavar="ROLE=PRINCIPAL", help=ROLE_HELP)
 
 
+def names_options(fn: Any) -> Any:
+    """``--app-id`` and ``--reconciler-group``: the group names the worker and the reconcilers run
+    with (their own options), which the worker's and the reconciler's rights name."""
+    fn = click.option(
+        "--reconciler-group", default="effect-ledger-reconcilers", show_default=True,
+        help="`effects reconcile --group` (after the prefix)",
+    )(fn)  # fmt: skip
+    return click.option(
+        "--app-id", default="effect-ledger", show_default=True, help="`effects worker --app-id` (after the prefix)"
+    )(fn)
+
+
 @click.command("acl")
 @kafka_options
 @role_option(required=True)
+@names_options
 @click.option(
     "--format", "fmt", type=click.Choice(["kafka-acls", "json"]), default="kafka-acls", show_default=True,
     help="kafka-acls.sh lines, or JSON",
@@ -31,7 +44,14 @@ def role_option(required: bool) -> Any:
     "--apply", "apply_", is_flag=True, help="create the bindings with the admin client (needs Alter on the cluster)"
 )
 def acl_command(
-    bootstrap: str | None, prefix: str | None, roles: tuple[str, ...], fmt: str, command_config: str, apply_: bool
+    bootstrap: str | None,
+    prefix: str | None,
+    roles: tuple[str, ...],
+    app_id: str,
+    reconciler_group: str,
+    fmt: str,
+    command_config: str,
+    apply_: bool,
 ) -> None:
     """The least Kafka rights of each role, for the topics under --prefix: print them as
     kafka-acls.sh lines (default) or JSON, or create them (--apply, as an administrator). A
@@ -40,7 +60,7 @@ def acl_command(
     from effect_ledger.streams.acl import as_json, grants, kafka_acls_lines, parse_roles
 
     cfg = kafka_config(bootstrap, prefix)
-    given = grants(parse_roles(roles), cfg.topics)
+    given = grants(parse_roles(roles), cfg.topics, app_id=app_id, reconciler_group=reconciler_group)
     if apply_:
         from effect_ledger.streams import rights
 

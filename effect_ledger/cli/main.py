@@ -35,6 +35,7 @@ from effect_ledger.cli._shared import (
     topic_options,
     wide_option,
 )
+from effect_ledger.cli.acl import names_options
 from effect_ledger.streams.config import KafkaConfig
 
 console = out  # the demos print through the commands' one console
@@ -154,6 +155,7 @@ def topics_create(bootstrap: str | None, prefix: str | None, partitions: int | N
     "--role", "roles", multiple=True, metavar="ROLE=PRINCIPAL",
     help="also compare the principal's ACLs with its role's rights (`effects acl`); repeat",
 )  # fmt: skip
+@names_options
 def topics_check(
     bootstrap: str | None,
     prefix: str | None,
@@ -161,6 +163,8 @@ def topics_check(
     min_isr: int | None,
     as_json: bool,
     roles: tuple[str, ...],
+    app_id: str,
+    reconciler_group: str,
 ) -> None:
     """Compare every topic's partitions, replication, cleanup policy, retention and
     min.insync.replicas with what effect-ledger expects; with --role, each principal's ACLs with
@@ -176,7 +180,8 @@ def topics_check(
         from effect_ledger.streams import rights
         from effect_ledger.streams.acl import grants, parse_roles
 
-        for c in rights.compare(cfg, grants(parse_roles(roles), cfg.topics)):
+        named = grants(parse_roles(roles), cfg.topics, app_id=app_id, reconciler_group=reconciler_group)
+        for c in rights.compare(cfg, named):
             who = f"{c.principal} ({c.role})"
             drifts += [f"{who} lacks {r.operation} on {r.resource} {r.name} ({r.pattern})" for r in c.missing]
             drifts += [
@@ -465,9 +470,19 @@ def reconcile(
     "--refused", is_flag=True,
     help="list the rows Kafka refused for good and the relay set aside (no broker needed), then exit",
 )  # fmt: skip
+@click.option(
+    "--resend-refused", is_flag=True,
+    help="first put the rows Kafka's ACLs refused back in the outbox (once the right is given), then relay",
+)  # fmt: skip
 @wide_option
 def relay(
-    db: str, bootstrap: str | None, prefix: str | None, partitions: int | None, refused: bool, wide: bool
+    db: str,
+    bootstrap: str | None,
+    prefix: str | None,
+    partitions: int | None,
+    refused: bool,
+    resend_refused: bool,
+    wide: bool,
 ) -> None:
     """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit.
     A row Kafka refuses for good (too large, invalid, or refused by its ACLs) is set aside with its
@@ -494,8 +509,15 @@ def relay(
     async def go() -> tuple[int, int]:
         store = await Store.open(db)  # a file that is not a ledger is refused before a broker is asked
         try:
-            pending = await store.outbox_depth()
             await asyncio.to_thread(ready, cfg, 30)
+            from effect_ledger.streams import rights
+
+            # Another role's credential would have every row refused and set aside: say so instead.
+            await asyncio.to_thread(rights.require, cfg, "agent", "effects relay")
+            if resend_refused:
+                back = await store.resend_refused()
+                click.echo(f"{back} rows refused by Kafka's ACLs put back in the outbox")
+            pending = await store.outbox_depth()
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
                 relay = Relay(store, cfg)

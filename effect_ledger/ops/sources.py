@@ -90,13 +90,16 @@ def _partitions(c: Consumer, topic: str) -> list[int]:
     return sorted(t.partitions)
 
 
-def _refused(topic: str, err: Any, operation: str = "Read") -> None:
-    """``NotAuthorized`` when ``err`` is Kafka's ACLs refusing this client ``topic``: a credential
-    that may not read a topic is told so, never that the topic is missing or the key unknown."""
+def _refused(topic: str, err: Any, operation: str = "Read", *, group: bool = False) -> None:
+    """``NotAuthorized`` when ``err`` is Kafka's ACLs refusing this client ``topic`` (or, with
+    ``group``, its consumer group): a credential that may not read a topic is told so, never that
+    the topic is missing or the key unknown, and never left waiting in silence."""
     from confluent_kafka import KafkaError
 
-    if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        raise NotAuthorized(f"reading {topic}", "this client's principal", [f"{operation} on topic {topic}"])
+    code = KafkaError.GROUP_AUTHORIZATION_FAILED if group else KafkaError.TOPIC_AUTHORIZATION_FAILED
+    if isinstance(err, KafkaError) and err.code() == code:
+        what = "its consumer group (effects acl)" if group else f"topic {topic}"
+        raise NotAuthorized(f"reading {topic}", "this client's principal", [f"{operation} on {what}"])
 
 
 def _ranges(c: Consumer, topic: str, parts: list[int], from_ms: int | None) -> list[TopicPartition]:
@@ -274,6 +277,9 @@ def follow_topic(
                 down_since = None
                 yield m.value()
                 continue
+            if m is not None:
+                _refused(topic, m.error())  # the ACLs' answer is one line, not a silent wait
+                _refused(f"the group of {topic}", m.error(), "Read", group=True)
             if down_since is None:
                 continue
             now = time.monotonic()

@@ -297,7 +297,8 @@ class Executor:
         """Kafka's ACLs refused this principal a write to the events topic (the relay met it): an
         intent recorded now could never reach Kafka, so none is, and nothing is called. The
         broker is asked again each time (the ACLs may have been fixed since)."""
-        if self.relay is None or self.relay.topic not in self.relay.forbidden:
+        refused = self.relay.forbidden.get(self.relay.topic) if self.relay is not None else None
+        if self.relay is None or refused is None:
             return
         from effect_ledger.streams import rights
 
@@ -305,7 +306,7 @@ class Executor:
         try:
             missing = await asyncio.to_thread(rights.missing_rights, cfg, "agent", 5.0)
         except Exception:  # no answer: the last refusal stands
-            missing = [self.relay.forbidden.get(self.relay.topic, "")]
+            missing = [refused]
         if missing:
             raise NotAuthorized("execute", operator_identity(cfg), missing)
         self.relay.forbidden.pop(self.relay.topic, None)
@@ -325,8 +326,9 @@ class Executor:
             else f"intent not acknowledged by Kafka within {self.sync_timeout:g} s; destination not called"
         )
         await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
-        if self.relay.topic in self.relay.forbidden:  # an ACL refusal is its own error: waiting will not help
-            raise NotAuthorized("execute", operator_identity(self.relay.cfg), [self.relay.forbidden[self.relay.topic]])
+        right = self.relay.forbidden.get(self.relay.topic)
+        if right is not None:  # an ACL refusal is its own error: waiting will not help
+            raise NotAuthorized("execute", operator_identity(self.relay.cfg), [right])
         raise LedgerUnavailable(reason)
 
     async def _confirm_claim(self, intent: Intent, effect: Effect, intent_seq: int | None) -> Effect:

@@ -141,7 +141,31 @@ def test_a_refused_row_is_set_aside_and_the_rows_behind_it_are_sent(secured: Sec
     assert "Decision" in listed.stdout and f"Write on topic {agent.topics.decisions}" in listed.stdout
     on_kafka = consume_all(secured.admin, secured.admin.topics.events)
     assert len(on_kafka) == 6  # both effects: intent, executed and receipt each
-    assert agent.sasl_password not in r.stdout + r.stderr
+    assert agent.sasl_password not in r.stdout + r.stderr + listed.stdout + listed.stderr
+    # Set aside is not lost: once the right is given, the row goes.
+    from effect_ledger.streams import rights
+    from effect_ledger.streams.acl import Grant, Right
+
+    right = Right("topic", agent.topics.decisions, "literal", "Write")
+    rights.apply(secured.admin, [Grant(f"User:{agent.sasl_username}", "operator", (right,))])
+    again = effects_cli(agent, "relay", "--db", str(db), "--resend-refused")
+    assert again.returncode == 0 and "1 rows refused by Kafka's ACLs put back" in again.stdout, again.stderr
+    assert [k for k, sent in rows(db) if sent != 1] == []
+    assert len(consume_all(secured.admin, secured.admin.topics.decisions)) == 1
+
+
+def test_a_relay_with_another_roles_credential_sets_nothing_aside(secured: Secured, tmp_path: Path) -> None:
+    operator = secured.user("operator")  # may write decisions and schemas, not events
+    db = tmp_path / "a.db"
+
+    async def record() -> None:
+        async with await Ledger.open(db, targets=TARGETS) as ledger:
+            await refund(ledger, Destination(), "r1")
+
+    asyncio.run(record())
+    r = effects_cli(operator, "relay", "--db", str(db))
+    assert r.returncode == 1 and f"Write on topic {operator.topics.events}" in r.stderr, r.stderr
+    assert [sent for _, sent in rows(db)] == [0, 0, 0]  # still in the outbox, for the right credential
 
 
 def test_an_agent_whose_write_right_is_revoked_stops_calling(secured: Secured, tmp_path: Path) -> None:
@@ -390,6 +414,8 @@ def test_a_reconciler_may_not_read_decisions(secured: Secured, tmp_path: Path) -
             return (await refund(ledger, Destination(), "r1")).effect_id
 
     key = asyncio.run(go())
+    tail = effects_cli(reconciler, "tail", "--give-up-after", "20")  # it may not read the states
+    assert tail.returncode == 1 and "not allow" in tail.stderr, tail.stderr
     r = effects_cli(reconciler, "audit", "--from", "-1h")  # it may describe the events topic, not read it
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "not allow" in r.stderr and key not in r.stdout, r.stderr

@@ -25,17 +25,11 @@ rows, in their order. Any other error fails the batch, which is retried as befor
 A row Kafka's ACLs refuse (``FORBIDDEN``: this principal may not write its topic, a person's
 decision written with an agent's credential) is set aside the same way, with the missing right as
 its reason: retrying cannot succeed until an administrator changes the ACLs, and it must not hold
-back the rows behind it. The relay remembers the refusal (``forbidden``): while the events topic
-itself refuses this principal, ``execute`` refuses to call a destination (``NotAuthorized``),
-whatever the ``sync`` setting, since nothing it records could ever reach Kafka.
-
-The broker refuses whole record batches, so its refusal does not say which row was at fault: the
-other rows of that batch were refused with it. Those rows are sent again (``_send``): first as a
-batch once the producer is fitted to the topic's ``max.message.bytes`` (then a row too large is
-refused by the producer alone, before any batch is built), then, if the broker still refuses,
-one at a time, each alone in its batch. Only a row refused on its own is dead-lettered. (Rows of
-that partition acknowledged meanwhile in later batches may then precede the resent ones: order
-per key can suffer once, on a topic whose limit is below the producer's; nothing is lost.)
+back the rows behind it. Once the right is given, ``effects relay --db FILE --resend-refused``
+puts such rows back in the outbox (``Store.resend_refused``): set aside is never lost. The relay
+remembers the refusal (``forbidden``): while the events topic itself refuses this principal,
+``execute`` refuses to call a destination (``NotAuthorized``), whatever the ``sync`` setting,
+since nothing it records could ever reach Kafka.
 """
 
 from __future__ import annotations
@@ -55,7 +49,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 from effect_ledger.core.limits import MAX_DEAD_LETTER_COPY_BYTES, MAX_EVENT_BYTES
 from effect_ledger.core.model import DeadLetter
 from effect_ledger.errors import LedgerError
-from effect_ledger.sdk.store.sqlite import Store
+from effect_ledger.sdk.store.sqlite import ACL_REFUSED, Store
 from effect_ledger.streams.codec import HEADER, Codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
@@ -344,7 +338,7 @@ class Relay:
                 elif err.code() in FORBIDDEN:
                     right = f"Write on topic {msg.topic()}"
                     forbidden[msg.topic()] = right
-                    refused.append((seq, f"refused by Kafka's ACLs ({err.name()}): this principal lacks {right}"))
+                    refused.append((seq, f"{ACL_REFUSED} ({err.name()}): this principal lacks {right}"))
                 elif err.code() in PERMANENT:
                     by_broker.append((seq, _refusal(size, err)))
                 elif first_error is None:

@@ -50,6 +50,10 @@ from effect_ledger.sdk.store.reader import SQLITE_MAGIC, read_only_uri
 from effect_ledger.sdk.store.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 from effect_ledger.streams.codec import Codec, default_codec
 
+#: How a row refused by Kafka's ACLs is marked in ``dead_letters`` (the relay writes it; an operator
+#: sends such rows again with ``effects relay --resend-refused`` once the right is given).
+ACL_REFUSED = "refused by Kafka's ACLs"
+
 
 class Durability(StrEnum):
     """SQLite ``synchronous`` level. NORMAL: a committed write survives a killed process (not a power
@@ -727,6 +731,22 @@ class Store:
             )
 
         await self._commit(mark)
+
+    async def resend_refused(self) -> int:
+        """Put the rows Kafka's ACLs refused (set aside by the relay, reason starting with
+        ``ACL_REFUSED``) back in the outbox, once an administrator gave the right: the relay sends
+        them (the fold puts each event in its place whatever the order it arrives in). Returns how
+        many. Rows refused for what they are (too large, invalid) stay set aside."""
+
+        def put_back(conn: sqlite3.Connection) -> int:
+            seqs = [
+                (r[0],) for r in conn.execute("SELECT seq FROM dead_letters WHERE instr(reason, ?) = 1", (ACL_REFUSED,))
+            ]
+            conn.executemany("UPDATE events SET sent = 0 WHERE seq = ? AND sent = 2", seqs)
+            conn.executemany("DELETE FROM dead_letters WHERE seq = ?", seqs)
+            return len(seqs)
+
+        return int(await self._commit(put_back))
 
     async def outbox_depth(self) -> int:
         """Events not yet acknowledged by Kafka."""

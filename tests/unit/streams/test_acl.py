@@ -23,7 +23,7 @@ def writes(role: str) -> set[str]:
     [
         ("agent", {T.events, T.dlq, T.keys, T.schemas}),
         ("worker", {T.events, T.state, T.uncertain, T.dlq, T.schemas, "prod.effect-ledger-"}),
-        ("reconciler", {T.events, T.schemas}),
+        ("reconciler", {T.events, T.dlq, T.schemas}),
         ("sink", set()),
         ("operator", {T.decisions, T.schemas}),
         ("subscriber", set()),
@@ -77,3 +77,17 @@ def test_a_bad_role_is_refused(spec: str, says: str) -> None:
         parse_roles([spec])
     with pytest.raises(ConfigError, match="at least one"):
         parse_roles([])
+
+
+def test_without_a_prefix_no_right_has_an_empty_name() -> None:
+    bare = Topics("")
+    for role in ROLES:
+        assert all(r.name for r in rights(role, bare)), role
+    assert {r.name for r in rights("admin", bare) if r.resource == "topic"} == set(bare.all())
+
+
+def test_the_worker_and_reconciler_group_names_follow_their_options() -> None:
+    w = rights("worker", T, app_id="ledger-b")
+    assert Right("group", "prod.ledger-b", "literal", "Read") in w
+    assert Right("topic", "prod.ledger-b-", "prefixed", "Create") in w
+    assert Right("group", "prod.recon-b", "literal", "Read") in rights("reconciler", T, reconciler_group="recon-b")
