@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -18,6 +18,7 @@ help:
 	@echo "make test-unit          unit tests only (no services)"
 	@echo "make test-integration   integration tests (real Kafka)"
 	@echo "make test-secure        every role on the secured broker (TLS, SCRAM, ACLs)"
+	@echo "make test-cluster       a replicated cluster of three brokers: replication, a broker killed"
 	@echo "make test-crash         crash suite (kills real child processes)"
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
@@ -70,6 +71,10 @@ test-unit: venv
 test-integration: venv
 	@bash scripts/install-postgres.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/integration $(PYTEST_ARGS)
+
+# A replicated cluster of three nodes on loopback (scripts/cluster.sh; started and stopped by the tests).
+test-cluster: venv
+	@$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
 
 # The roles on the secured broker (KAFKA_SECURE=1 scripts/kafka.sh; started and stopped by the tests).
 test-secure: venv

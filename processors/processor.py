@@ -100,7 +100,7 @@ from effect_ledger.sdk.kafka.claims import Watermarks
 from effect_ledger.sdk.kafka.lookup import TOKEN_ENV
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams import codec as codec_mod
-from effect_ledger.streams.admin import LOG_TIME
+from effect_ledger.streams.admin import LOG_TIME, SAFE_ELECTION
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
 from effect_ledger.streams.log_clock import LogClock, log_time_of_message
@@ -188,7 +188,8 @@ class LedgerProcessor:
             store=rocks.store_url(settings.store),
             datadir=str(settings.data_dir),
             topic_partitions=k.partitions,
-            topic_replication_factor=k.replication,
+            # Replicated like the topics (the worker command decides it for the cluster first).
+            topic_replication_factor=_replication(k),
             processing_guarantee="at_least_once",
             consumer_auto_offset_reset="earliest",
             web_host=settings.web_host,
@@ -228,8 +229,9 @@ class LedgerProcessor:
             key_type=str,
             value_type=bytes,  # the store picks the "raw" codec for bytes: table_value's encoding, untouched
             # The broker stamps the changelog's records (a CreateTime topic would refuse them from a
-            # worker whose clock runs over an hour ahead: streams/admin.py, LOG_TIME).
-            extra_topic_configs=dict(LOG_TIME),
+            # worker whose clock runs over an hour ahead: streams/admin.py, LOG_TIME); durable like
+            # the topics (min.insync.replicas, no unclean election).
+            extra_topic_configs={**LOG_TIME, **SAFE_ELECTION, "min.insync.replicas": str(k.min_insync)},
         )
         self.index = DeadlineIndex(grace_ms=settings.grace_ms)
         # The log's time (its records' LogAppendTime, plus this process's monotonic clock since): what
@@ -814,6 +816,12 @@ class RawSchema(faust.Schema):
 
     def loads_value(self, app: Any, message: Any, *, loads: Any = None, serializer: Any = None) -> Any:
         return message.value
+
+
+def _replication(k: KafkaConfig) -> int:
+    if k.replication is None:
+        raise ConfigError("the processor's replication factor is decided by the cluster: KafkaConfig.for_cluster")
+    return k.replication
 
 
 def faust_credentials(k: KafkaConfig) -> Any:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from effect_ledger.errors import BrokerRefusedLogin, BrokerUnavailable, ConfigError, TopicDrift
-from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.config import DEFAULT_REPLICATION, KafkaConfig
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -43,7 +43,12 @@ class Drift:
 # The topic configs a drift check compares: what decides whether a record is kept (and for how
 # long), how many replicas acknowledge it, and who stamps its time. Other configs (segment sizes,
 # ...) are the operator's.
-CHECKED_CONFIGS = ("cleanup.policy", "retention.ms", "min.insync.replicas", "message.timestamp.type")
+CHECKED_CONFIGS = (
+    "cleanup.policy", "retention.ms", "min.insync.replicas", "message.timestamp.type", "unclean.leader.election.enable",
+)  # fmt: skip
+#: On every topic, faust's included: a replica that was not in sync never becomes the leader (it
+#: would lose acknowledged writes), whatever the broker's default says.
+SAFE_ELECTION = {"unclean.leader.election.enable": "false"}
 
 # Every topic: the broker stamps each record as it appends it, so no writer's clock does. On the
 # topics whose times decide something (events, decisions, uncertain) that is the log's time
@@ -74,12 +79,14 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
     """The topics of DESIGN.md with their configs. All share one partition count: the processor's
     table changelog must be co-partitioned with ``effects.events``."""
     t = cfg.topics
+    if cfg.replication is None:
+        raise ConfigError("the replication factor is decided by the cluster: KafkaConfig.for_cluster(brokers) first")
     if not 1 <= cfg.min_insync <= cfg.replication:
         raise ConfigError(
             f"min.insync.replicas {cfg.min_insync} must be between 1 and the replication factor {cfg.replication}"
         )
     # Every topic: an acks=all write is acknowledged only once min.insync.replicas replicas have it.
-    isr = {"min.insync.replicas": str(cfg.min_insync), **LOG_TIME}
+    isr = {"min.insync.replicas": str(cfg.min_insync), **SAFE_ELECTION, **LOG_TIME}
     keep = {"retention.ms": "-1", "cleanup.policy": "delete", **isr}  # the event log is the audit record
     return [
         TopicSpec(t.events, cfg.partitions, cfg.replication, keep),
@@ -99,9 +106,9 @@ def topic_specs(cfg: KafkaConfig) -> list[TopicSpec]:
         # The keys of encrypted request bodies (effect_ledger/sdk/kafka/keyring.py): compacted, and cleaned
         # soon after a key is erased (its tombstone), so an erased key leaves the broker's disks
         # within hours (segment.ms + delete.retention.ms), not whenever a segment happens to fill.
-        TopicSpec(t.keys, cfg.partitions, cfg.replication, {**KEYS_TOPIC_CONFIG, **LOG_TIME}),
+        TopicSpec(t.keys, cfg.partitions, cfg.replication, {**KEYS_TOPIC_CONFIG, **isr}),
         # Every writer schema, one record per fingerprint for ever (streams/schema_topic.py).
-        TopicSpec(t.schemas, 1, cfg.replication, {"cleanup.policy": "compact", **LOG_TIME}),
+        TopicSpec(t.schemas, 1, cfg.replication, {"cleanup.policy": "compact", **isr}),
     ]
 
 
@@ -173,6 +180,14 @@ def _login_cause(reported: str) -> str:
     return text
 
 
+def cluster_config(cfg: KafkaConfig, timeout: float = 10.0) -> KafkaConfig:
+    """``cfg`` with the replication its cluster decides when none was set (``for_cluster``): the
+    broker is asked how many brokers there are."""
+    if cfg.replication is not None:
+        return cfg
+    return cfg.for_cluster(len(admin_client(cfg).list_topics(timeout=timeout).brokers))
+
+
 def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: bool = True) -> dict[str, str]:
     """Create every topic that does not exist yet. Returns ``{topic: 'created' | 'exists'}``.
     An existing topic with a different partition count is an error (``ValueError``), not silently
@@ -183,8 +198,8 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
     from confluent_kafka.admin import NewTopic
 
     admin = admin_client(cfg)
-    specs = topic_specs(cfg)
     md = admin.list_topics(timeout=timeout)
+    specs = topic_specs(cfg.for_cluster(len(md.brokers)))
     result: dict[str, str] = {}
     new = []
     for s in specs:
@@ -250,8 +265,20 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0) -> list[TopicStatus]:
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     admin = admin_client(cfg)
-    specs = topic_specs(cfg)
     md = admin.list_topics(timeout=timeout)
+    brokers = len(md.brokers)
+    cfg = cfg.for_cluster(brokers)
+    # What a replicated deployment needs, whatever was configured: on three brokers or more,
+    # replication 3 and min.insync.replicas 2 (fewer brokers: all of them, and at most 2).
+    floor = min(DEFAULT_REPLICATION, brokers)
+    specs = topic_specs(cfg)
+    named = {s.name for s in specs}
+    # The other topics under the prefix (the processor's changelog and assignor topics, whatever
+    # its app id): their partitions are faust's business, their durability is checked the same way.
+    for name, meta in sorted(md.topics.items()):
+        if cfg.prefix and name.startswith(cfg.prefix) and name not in named and meta.error is None:
+            durable = {"min.insync.replicas": str(min(2, floor)), **SAFE_ELECTION}
+            specs.append(TopicSpec(name, len(meta.partitions), max(1, floor), durable))
     present = {s.name: md.topics[s.name] for s in specs if s.name in md.topics and md.topics[s.name].error is None}
     configs: dict[str, dict[str, str]] = {}
     if present:
@@ -271,8 +298,9 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0) -> list[TopicStatus]:
         drifts = []
         if partitions != s.partitions:
             drifts.append(Drift(s.name, "partitions", str(partitions), str(s.partitions)))
-        if replication < s.replication:
-            drifts.append(Drift(s.name, "replication", str(replication), f"at least {s.replication}"))
+        wanted = max(s.replication, floor)
+        if replication < wanted:
+            drifts.append(Drift(s.name, "replication", str(replication), f"at least {wanted}"))
         for k in CHECKED_CONFIGS:
             if k in s.config and have.get(k) != s.config[k]:
                 drifts.append(Drift(s.name, k, have.get(k, "unknown"), s.config[k]))

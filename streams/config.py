@@ -8,7 +8,7 @@ Each setting can come from the environment:
 | ``KAFKA_BOOTSTRAP``      | bootstrap servers                                    | 127.0.0.1:9092   |
 | ``EFFECTS_TOPIC_PREFIX`` | prefix of every topic name                           | (empty)          |
 | ``EFFECTS_PARTITIONS``   | partitions of the topics this project creates        | 6                |
-| ``EFFECTS_REPLICATION``  | their replication factor                             | 1                |
+| ``EFFECTS_REPLICATION``  | their replication factor                             | 3 (fewer brokers: all) |
 | ``EFFECTS_SCHEMA_REGISTRY`` | a Confluent-compatible Schema Registry URL: frame records the registry way | none |
 | ``EFFECTS_MIN_INSYNC_REPLICAS`` | their ``min.insync.replicas``                 | min(2, replication) |
 | ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
@@ -22,11 +22,13 @@ import hmac
 import ipaddress
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 DEFAULT_PORT = 9092
 DEFAULT_BOOTSTRAP = f"127.0.0.1:{DEFAULT_PORT}"
+#: The replication factor of a deployment with at least this many brokers (min.insync.replicas 2).
+DEFAULT_REPLICATION = 3
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,9 @@ class KafkaConfig:
     bootstrap: str = DEFAULT_BOOTSTRAP
     prefix: str = ""
     partitions: int = 6
-    replication: int = 1
+    # None: decided by the cluster, min(3, its brokers) (``for_cluster``): a replicated deployment is
+    # the default as soon as there are brokers to replicate to.
+    replication: int | None = None
     # min.insync.replicas of the topics this project creates; None: min(2, replication), so that an
     # acks=all write is on two replicas before it is acknowledged wherever there are two.
     min_insync_replicas: int | None = None
@@ -106,8 +110,18 @@ class KafkaConfig:
 
     @property
     def min_insync(self) -> int:
-        """The ``min.insync.replicas`` the topics are created with and checked against."""
-        return self.min_insync_replicas if self.min_insync_replicas is not None else min(2, self.replication)
+        """The ``min.insync.replicas`` the topics are created with and checked against (of the
+        replication ``for_cluster`` decided, when none was set)."""
+        if self.min_insync_replicas is not None:
+            return self.min_insync_replicas
+        return min(2, self.replication if self.replication is not None else DEFAULT_REPLICATION)
+
+    def for_cluster(self, brokers: int) -> KafkaConfig:
+        """This config with the replication decided for a cluster of ``brokers`` when none was set:
+        ``DEFAULT_REPLICATION`` (3), or every broker when there are fewer."""
+        if self.replication is not None:
+            return self
+        return replace(self, replication=max(1, min(DEFAULT_REPLICATION, brokers)))
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KafkaConfig:
@@ -120,7 +134,7 @@ class KafkaConfig:
             "bootstrap": env.get("KAFKA_BOOTSTRAP", DEFAULT_BOOTSTRAP),
             "prefix": env.get("EFFECTS_TOPIC_PREFIX", ""),
             "partitions": int(env.get("EFFECTS_PARTITIONS", "6")),
-            "replication": int(env.get("EFFECTS_REPLICATION", "1")),
+            "replication": int(env["EFFECTS_REPLICATION"]) if env.get("EFFECTS_REPLICATION") else None,
             "min_insync_replicas": int(env["EFFECTS_MIN_INSYNC_REPLICAS"])
             if env.get("EFFECTS_MIN_INSYNC_REPLICAS")
             else None,

@@ -52,8 +52,15 @@ def test_defaults_without_environment(clean_env: pytest.MonkeyPatch) -> None:
     cfg = KafkaConfig.from_env()
     assert cfg == KafkaConfig()
     assert cfg.bootstrap == DEFAULT_BOOTSTRAP == "127.0.0.1:9092"
-    assert (cfg.prefix, cfg.partitions, cfg.replication) == ("", 6, 1)
+    assert (cfg.prefix, cfg.partitions, cfg.replication) == ("", 6, None)  # None: the cluster decides
     assert cfg.confluent() == {"bootstrap.servers": DEFAULT_BOOTSTRAP}
+
+
+@pytest.mark.parametrize(("brokers", "replication", "min_isr"), [(1, 1, 1), (2, 2, 2), (3, 3, 2), (5, 3, 2)])
+def test_the_cluster_decides_the_replication_unless_it_is_set(brokers: int, replication: int, min_isr: int) -> None:
+    decided = KafkaConfig().for_cluster(brokers)
+    assert (decided.replication, decided.min_insync) == (replication, min_isr)
+    assert KafkaConfig(replication=1).for_cluster(brokers).replication == 1  # set: kept
 
 
 def test_reads_every_documented_variable(secure_env: pytest.MonkeyPatch) -> None:
