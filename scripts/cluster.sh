@@ -27,6 +27,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 # shellcheck source=kafka.env
 . "$here/kafka.env"
+# shellcheck source=kafka-lib.sh
+. "$here/kafka-lib.sh"
 
 base=${KAFKA_CLUSTER_BASE:-9500}
 heap=${KAFKA_HEAP:-384m}
@@ -72,18 +74,7 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.retention.hours=-1
 PROPS
-  cat > "$d/log4j2.properties" <<L4J
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = $d/kafka-server.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = file
-logger.state.name = state.change.logger
-logger.state.level = WARN
-L4J
+  write_log4j "$d"
 }
 
 start_node() {

@@ -28,6 +28,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 # shellcheck source=kafka.env
 . "$here/kafka.env"
+# shellcheck source=kafka-lib.sh
+. "$here/kafka-lib.sh"
 
 secure=${KAFKA_SECURE:-0}
 if [ "$secure" = 1 ]; then port=${KAFKA_PORT:-9392}; else port=${KAFKA_PORT:-9092}; fi
@@ -177,20 +179,7 @@ group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=false
 log.retention.hours=-1
 PROPS
-  cat > "$run/log4j2.properties" <<L4J
-status = warn
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = $run/kafka-server.log
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.file.ref = file
-logger.kafka.name = kafka
-logger.kafka.level = INFO
-logger.state.name = state.change.logger
-logger.state.level = WARN
-L4J
+  write_log4j "$run"
 }
 
 up() {
