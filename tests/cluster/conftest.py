@@ -32,7 +32,8 @@ class Cluster:
         self.run("start", str(node))
 
 
-@pytest.fixture(scope="session")
+# Package scope: its brokers stop once this tier is done, not at the end of the whole run.
+@pytest.fixture(scope="package")
 def cluster() -> Iterator[Cluster]:
     env = dict(os.environ)
     already = "down" not in subprocess.run(["bash", SCRIPT, "status"], capture_output=True, text=True).stdout

@@ -52,7 +52,8 @@ def env_of(cfg: KafkaConfig) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session")
+# Package scope: its brokers stop once this tier is done, not at the end of the whole run.
+@pytest.fixture(scope="package")
 def secure_admin() -> Iterator[KafkaConfig]:
     """The secured broker's admin settings; the broker is started for this session unless it runs
     (``KAFKA_SECURE_PORT``, default 9392, and ``KAFKA_SECURE_RUN_DIR``, default .kafka-secure)."""
