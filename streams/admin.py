@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from effect_ledger.errors import BrokerRefusedLogin, BrokerUnavailable, ConfigError, TopicDrift
-from effect_ledger.streams.config import DEFAULT_REPLICATION, KafkaConfig
+from effect_ledger.errors import BrokerRefusedLogin, BrokerUnavailable, ConfigError, NotAuthorized, TopicDrift
+from effect_ledger.streams.config import DEFAULT_REPLICATION, KafkaConfig, operator_identity
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -188,6 +188,10 @@ def cluster_config(cfg: KafkaConfig, timeout: float = 10.0) -> KafkaConfig:
     return cfg.for_cluster(len(admin_client(cfg).list_topics(timeout=timeout).brokers))
 
 
+#: librdkafka's codes for a request Kafka's ACLs refused (built on use: the [kafka] extra).
+_REFUSED = (29, 31)  # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
+
+
 def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: bool = True) -> dict[str, str]:
     """Create every topic that does not exist yet. Returns ``{topic: 'created' | 'exists'}``.
     An existing topic with a different partition count is an error (``ValueError``), not silently
@@ -220,6 +224,9 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
             except KafkaException as e:
                 if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     result[name] = "exists"  # another process created it meanwhile
+                elif e.args[0].code() in _REFUSED:
+                    who = operator_identity(cfg)
+                    raise NotAuthorized("creating the topics", who, [f"Create on topic {name}"]) from e
                 else:
                     raise
     _wait_for_leaders(admin, [s.name for s in specs], timeout)

@@ -470,3 +470,17 @@ def test_a_credential_is_rotated_by_moving_the_worker_to_a_second_user(secured: 
             wait_for(lambda k=k: again.lookup(k)[1].get("state") == State.CONFIRMED.value, 60, f"{k} folded")
     finally:
         again.stop()
+
+
+def test_the_admin_role_creates_checks_and_retires_without_being_a_super_user(secured: Secured) -> None:
+    admin_role = secured.user("admin")
+    sub = replace(admin_role, prefix=admin_role.prefix + "more.")  # under the role's prefix
+    created = effects_cli(sub, "topics", "create", "--prefix", sub.prefix)
+    assert created.returncode == 0 and "created" in created.stdout, created.stdout + created.stderr
+    checked = effects_cli(sub, "topics", "check", "--prefix", sub.prefix)
+    assert checked.returncode == 0, checked.stderr
+    retired = effects_cli(admin_role, "retire", "--older-than", "30d", "--dry-run")
+    assert retired.returncode == 0, retired.stderr
+    outside = effects_cli(replace(admin_role, prefix="elsewhere."), "topics", "create", "--prefix", "elsewhere.")
+    assert outside.returncode == 1 and len(outside.stderr.strip().splitlines()) == 1, outside.stderr
+    assert "Create on topic elsewhere.effects." in outside.stderr, outside.stderr
