@@ -100,6 +100,7 @@ from effect_ledger.sdk.kafka.claims import Watermarks
 from effect_ledger.sdk.kafka.lookup import TOKEN_ENV
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams import codec as codec_mod
+from effect_ledger.streams.acl import WORKER_APP_ID
 from effect_ledger.streams.admin import LOG_TIME, SAFE_ELECTION
 from effect_ledger.streams.config import KafkaConfig, is_loopback
 from effect_ledger.streams.dlq import dead_letter as bounded_dead_letter
@@ -126,7 +127,7 @@ _WRITERS: dict[type, str] = {
 @dataclass
 class ProcessorSettings:
     kafka: KafkaConfig = field(default_factory=KafkaConfig.from_env)
-    app_id: str = "effect-ledger"
+    app_id: str = WORKER_APP_ID
     data_dir: Path = Path("./effect-ledger-data")
     store: str = "rocksdb://"
     web_host: str = "127.0.0.1"  # the address the lookup view listens on

@@ -27,6 +27,8 @@ from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect
 from effect_ledger.core.reconcile import Target, judge, only_the_agent_can_ask, target_for, view_of_uncertain
 from effect_ledger.errors import DecodeError, EncodeError, NotAuthorized
 from effect_ledger.sdk.kafka.relay import producer_config
+from effect_ledger.streams.acl import RECONCILER_GROUP
+from effect_ledger.streams.admin import refused_by_acls
 from effect_ledger.streams.config import KafkaConfig, operator_identity
 from effect_ledger.streams.dlq import dead_letter
 from effect_ledger.streams.log_clock import LogClock, log_time_of
@@ -55,12 +57,9 @@ MAX_BACKOFF_S = 10.0
 def _forbidden(e: BaseException) -> str | None:
     """The right Kafka's ACLs refused, when ``e`` is such a refusal."""
     err = e.args[0] if isinstance(e, KafkaException) and e.args else None
-    if isinstance(err, KafkaError) and err.code() in (
-        KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
-    ):  # fmt: skip
-        return f"{err.name()}: {err.str()}"
-    text = str(e)
-    return text if "AUTHORIZATION_FAILED" in text else None
+    if err is None or not refused_by_acls(err):
+        return None
+    return f"{err.name()}: {err.str()}"
 
 
 @dataclass
@@ -78,7 +77,7 @@ class ReconcileService:
         cfg: KafkaConfig,
         targets: Mapping[str, Target],
         *,
-        group: str = "effect-ledger-reconcilers",
+        group: str = RECONCILER_GROUP,
         batch: int = 100,
         concurrency: int = 32,
         metrics: Any = None,
@@ -220,6 +219,7 @@ class ReconcileService:
         committed then)."""
         refused: list[tuple[int, str]] = []
         failures: list[str] = []
+        denied: list[KafkaError] = []  # Kafka's ACLs: not a failure that asking again can fix
 
         def reporter(i: int) -> Any:
             def report(err: KafkaError | None, msg: Any) -> None:
@@ -230,6 +230,8 @@ class ReconcileService:
                     return
                 if err.code() in _RECORD_ERRORS:
                     refused.append((i, f"Kafka refused it: {err.str()}"))
+                elif refused_by_acls(err):
+                    denied.append(err)
                 else:
                     failures.append(str(err))
 
@@ -259,6 +261,8 @@ class ReconcileService:
                     refused.append((i, f"Kafka refused it: {e.args[0].str()}"))
                     break
         remaining = self._producer.flush(30.0)
+        if denied:
+            raise KafkaException(denied[0])
         if remaining or failures:
             # Not committing: the batch is consumed again and asked again after a restart.
             raise RuntimeError(f"records not acknowledged ({remaining} pending, errors: {failures[:3]})")

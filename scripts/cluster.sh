@@ -64,15 +64,7 @@ num.partitions=1
 default.replication.factor=3
 min.insync.replicas=2
 unclean.leader.election.enable=false
-offsets.topic.replication.factor=3
-offsets.topic.num.partitions=6
-transaction.state.log.replication.factor=3
-transaction.state.log.min.isr=2
-share.coordinator.state.topic.replication.factor=3
-share.coordinator.state.topic.min.isr=2
-group.initial.rebalance.delay.ms=0
-auto.create.topics.enable=false
-log.retention.hours=-1
+$(internal_topics 3 2 6)
 PROPS
   write_log4j "$d"
 }

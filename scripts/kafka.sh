@@ -123,25 +123,20 @@ ENV
 }
 
 listener_config() {
-  if [ "$secure" != 1 ]; then
-    cat <<PROPS
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+  local proto=PLAINTEXT
+  [ "$secure" = 1 ] && proto=SASL_SSL
+  cat <<PROPS
+listeners=$proto://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=$proto://127.0.0.1:$port
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=$proto
+listener.security.protocol.map=CONTROLLER:$proto,$proto:$proto
 PROPS
-    return
-  fi
+  [ "$secure" = 1 ] || return 0
   local admin cpw tls="$run/tls"
   admin=$(cat "$run/secrets/admin")
   cpw=$(cat "$run/secrets/controller")
   cat <<PROPS
-listeners=SASL_SSL://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
-advertised.listeners=SASL_SSL://127.0.0.1:$port
-controller.listener.names=CONTROLLER
-inter.broker.listener.name=SASL_SSL
-listener.security.protocol.map=CONTROLLER:SASL_SSL,SASL_SSL:SASL_SSL
 sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512
 sasl.mechanism.controller.protocol=PLAIN
 listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512
@@ -169,15 +164,7 @@ controller.quorum.voters=1@127.0.0.1:$cport
 $(listener_config)
 log.dirs=$run/data
 num.partitions=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-auto.create.topics.enable=false
-log.retention.hours=-1
+$(internal_topics 1 1 4)
 PROPS
   write_log4j "$run"
 }

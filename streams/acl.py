@@ -34,6 +34,7 @@ asks for a group right only of those that do (the worker, the reconcilers, ``tai
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -58,7 +59,14 @@ CLIENT_GROUPS = {
 }
 
 
-Resource = Literal["topic", "group", "cluster"]
+def client_group(prefix: str, reader: str) -> str:
+    """The group id of one of effect-ledger's own readers (a key of ``CLIENT_GROUPS``) under the
+    topic prefix; a name ending in ``-`` gets a random part, so each reader has its own group."""
+    name = CLIENT_GROUPS[reader]
+    return f"{prefix}{name}{uuid.uuid4().hex}" if name.endswith("-") else f"{prefix}{name}"
+
+
+Resource = Literal["topic", "group"]
 Pattern = Literal["literal", "prefixed"]
 ROLES = ("agent", "worker", "reconciler", "sink", "operator", "subscriber", "auditor", "admin")
 
@@ -232,7 +240,7 @@ def kafka_acls_lines(grants_: Sequence[Grant], bootstrap: str, command_config: s
         for r in g.rights:
             by_resource.setdefault((r.resource, r.name, r.pattern), []).append(r.operation)
         for (resource, name, pattern), ops in by_resource.items():
-            target = "--cluster" if resource == "cluster" else f"--{resource} '{name}'"
+            target = f"--{resource} '{name}'"
             lines.append(
                 f"kafka-acls.sh --bootstrap-server {bootstrap} --command-config {command_config} --add"
                 f" --allow-principal '{g.principal}' {' '.join(f'--operation {op}' for op in ops)}"

@@ -18,8 +18,6 @@ from effect_ledger.streams.config import DEFAULT_REPLICATION, KafkaConfig, opera
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
 
-__all__ = ["BrokerRefusedLogin", "BrokerUnavailable", "wait_ready", "ensure_topics", "check_topics", "list_topics"]
-
 
 @dataclass(frozen=True)
 class Drift:
@@ -160,10 +158,10 @@ def wait_ready(cfg: KafkaConfig, timeout: float = 30.0) -> int:
         if refused and first_refused is None:
             first_refused = time.monotonic()
         if first_refused is not None and time.monotonic() - first_refused >= min(LOGIN_GRACE_S, timeout):
-            raise BrokerRefusedLogin(f"Kafka at {cfg.bootstrap} refused this client: {_login_cause(refused[-1])}")
+            break
         time.sleep(0.1)
     admin.poll(0)
-    if refused:  # the only answers were refusals: that is the answer
+    if refused:  # refused for the grace, or the only answers were refusals: that is the answer
         raise BrokerRefusedLogin(f"Kafka at {cfg.bootstrap} refused this client: {_login_cause(refused[-1])}")
     raise BrokerUnavailable(
         f"no Kafka broker answered at {cfg.bootstrap} within {timeout:.0f} s ({last or 'no brokers'})"
@@ -180,16 +178,15 @@ def _login_cause(reported: str) -> str:
     return text
 
 
-def cluster_config(cfg: KafkaConfig, timeout: float = 10.0) -> KafkaConfig:
-    """``cfg`` with the replication its cluster decides when none was set (``for_cluster``): the
-    broker is asked how many brokers there are."""
-    if cfg.replication is not None:
-        return cfg
-    return cfg.for_cluster(len(admin_client(cfg).list_topics(timeout=timeout).brokers))
+def refused_by_acls(err: object) -> bool:
+    """Whether ``err`` (a client's ``KafkaError``) is Kafka's ACLs refusing this principal: asking
+    again cannot help until an administrator changes them."""
+    from confluent_kafka import KafkaError
 
-
-#: librdkafka's codes for a request Kafka's ACLs refused (built on use: the [kafka] extra).
-_REFUSED = (29, 31)  # TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED
+    return isinstance(err, KafkaError) and err.code() in (
+        KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    )  # fmt: skip
 
 
 def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: bool = True) -> dict[str, str]:
@@ -224,7 +221,7 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
             except KafkaException as e:
                 if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     result[name] = "exists"  # another process created it meanwhile
-                elif e.args[0].code() in _REFUSED:
+                elif refused_by_acls(e.args[0]):
                     who = operator_identity(cfg)
                     raise NotAuthorized("creating the topics", who, [f"Create on topic {name}"]) from e
                 else:

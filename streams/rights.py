@@ -24,6 +24,7 @@ _OPS = {
     "Read": "READ", "Write": "WRITE", "Describe": "DESCRIBE", "Create": "CREATE", "Delete": "DELETE",
     "DescribeConfigs": "DESCRIBE_CONFIGS", "AlterConfigs": "ALTER_CONFIGS", "Alter": "ALTER",
 }  # fmt: skip
+_NAMES = {v: k for k, v in _OPS.items()}  # AclOperation's names -> kafka-acls.sh's
 
 
 def own_rights(cfg: KafkaConfig, topics: Iterable[str], timeout: float = 10.0) -> dict[str, frozenset[str]]:
@@ -34,7 +35,6 @@ def own_rights(cfg: KafkaConfig, topics: Iterable[str], timeout: float = 10.0) -
 
     names = sorted(set(topics))
     admin = admin_client(cfg)
-    by_name = {v: k for k, v in _OPS.items()}
     out: dict[str, frozenset[str]] = {}
     futures = admin.describe_topics(TopicCollection(names), request_timeout=timeout, include_authorized_operations=True)
     for name, fut in futures.items():
@@ -52,7 +52,7 @@ def own_rights(cfg: KafkaConfig, topics: Iterable[str], timeout: float = 10.0) -
         if ops is None:  # a broker that does not say (before KIP-430): unknown, not "nothing"
             out[name] = frozenset(_OPS)
             continue
-        out[name] = frozenset(by_name[o.name] for o in ops if o.name in by_name)
+        out[name] = frozenset(_NAMES[o.name] for o in ops if o.name in _NAMES)
     return out
 
 
@@ -74,11 +74,10 @@ def require(cfg: KafkaConfig, need: str, what: str, timeout: float = 10.0) -> No
 def _binding(principal: str, r: Right) -> Any:
     from confluent_kafka.admin import AclBinding, AclOperation, AclPermissionType, ResourcePatternType, ResourceType
 
-    resource = {"topic": ResourceType.TOPIC, "group": ResourceType.GROUP, "cluster": ResourceType.BROKER}[r.resource]
+    resource = ResourceType.TOPIC if r.resource == "topic" else ResourceType.GROUP
     pattern = ResourcePatternType.PREFIXED if r.pattern == "prefixed" else ResourcePatternType.LITERAL
-    name = "kafka-cluster" if r.resource == "cluster" else r.name
     return AclBinding(
-        resource, name, pattern, principal, "*", getattr(AclOperation, _OPS[r.operation]), AclPermissionType.ALLOW
+        resource, r.name, pattern, principal, "*", getattr(AclOperation, _OPS[r.operation]), AclPermissionType.ALLOW
     )
 
 
@@ -125,7 +124,7 @@ def compare(cfg: KafkaConfig, grants: Sequence[Grant], timeout: float = 30.0) ->
         ResourceType,
     )
 
-    by_name = {v: k for k, v in _OPS.items()}
+    kinds = {ResourceType.TOPIC: "topic", ResourceType.GROUP: "group"}
     out: list[Comparison] = []
     admin = admin_client(cfg)
     for g in grants:
@@ -144,16 +143,12 @@ def compare(cfg: KafkaConfig, grants: Sequence[Grant], timeout: float = 30.0) ->
             raise
         have: set[Right] = set()
         for b in found:
-            kind = {ResourceType.TOPIC: "topic", ResourceType.GROUP: "group", ResourceType.BROKER: "cluster"}.get(
-                b.restype
-            )
-            op = by_name.get(b.operation.name)
-            if kind is None or op is None:
+            kind = kinds.get(b.restype)
+            op = _NAMES.get(b.operation.name)
+            # Only what concerns this prefix: another deployment's rights are not this one's excess.
+            if kind is None or op is None or not b.name.startswith(cfg.prefix):
                 continue
             pattern = "prefixed" if b.resource_pattern_type == ResourcePatternType.PREFIXED else "literal"
-            # Only what concerns this prefix: another deployment's rights are not this one's excess.
-            if kind != "cluster" and not b.name.startswith(cfg.prefix):
-                continue
             have.add(Right(kind, b.name, pattern, op))  # type: ignore[arg-type]
         want = set(g.rights)
         out.append(Comparison(g.principal, g.role, tuple(sorted(want - have)), tuple(sorted(have - want))))

@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from effect_ledger.errors import SchemaTopicError
+from effect_ledger.streams.acl import client_group
 from effect_ledger.streams.codec import HEADER, Codec, schema_fingerprint
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.log_clock import log_time_of
@@ -192,7 +193,7 @@ class TopicResolver:
         c = Consumer(
             self.cfg.confluent(
                 **{
-                    "group.id": f"{self.cfg.prefix}effects-schemas-reader",
+                    "group.id": client_group(self.cfg.prefix, "schemas"),
                     "enable.auto.commit": False,
                     "enable.partition.eof": False,
                 }

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from effect_ledger.cli._shared import kafka_config, kafka_options, ready
+from effect_ledger.streams.acl import RECONCILER_GROUP, WORKER_APP_ID
 
 ROLE_HELP = "ROLE=PRINCIPAL (repeat): agent, worker, reconciler, sink, operator, subscriber, auditor, admin"
 
@@ -21,11 +22,11 @@ def names_options(fn: Any) -> Any:
     """``--app-id`` and ``--reconciler-group``: the group names the worker and the reconcilers run
     with (their own options), which the worker's and the reconciler's rights name."""
     fn = click.option(
-        "--reconciler-group", default="effect-ledger-reconcilers", show_default=True,
+        "--reconciler-group", default=RECONCILER_GROUP, show_default=True,
         help="`effects reconcile --group` (after the prefix)",
     )(fn)  # fmt: skip
     return click.option(
-        "--app-id", default="effect-ledger", show_default=True, help="`effects worker --app-id` (after the prefix)"
+        "--app-id", default=WORKER_APP_ID, show_default=True, help="`effects worker --app-id` (after the prefix)"
     )(fn)
 
 

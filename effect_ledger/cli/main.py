@@ -36,6 +36,7 @@ from effect_ledger.cli._shared import (
     wide_option,
 )
 from effect_ledger.cli.acl import names_options
+from effect_ledger.streams.acl import RECONCILER_GROUP, WORKER_APP_ID
 from effect_ledger.streams.config import KafkaConfig
 
 console = out  # the demos print through the commands' one console
@@ -328,7 +329,7 @@ def run(
     help="lookups must carry 'Authorization: Bearer TOKEN' (prefer the environment variable: argv is visible)",
 )
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
-@click.option("--app-id", default="effect-ledger", show_default=True, help="consumer group / app id (after the prefix)")
+@click.option("--app-id", default=WORKER_APP_ID, show_default=True, help="consumer group / app id (after the prefix)")
 @click.option("--loglevel", default="warning", show_default=True)
 @click.option(
     "--targets",
@@ -428,9 +429,7 @@ def worker(
 @main.command()
 @topic_options
 @target_options
-@click.option(
-    "--group", default="effect-ledger-reconcilers", show_default=True, help="consumer group (after the prefix)"
-)
+@click.option("--group", default=RECONCILER_GROUP, show_default=True, help="consumer group (after the prefix)")
 @metrics_options
 def reconcile(
     bootstrap: str | None,

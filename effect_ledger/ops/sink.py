@@ -10,7 +10,6 @@ newer version.
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +19,7 @@ from effect_ledger.errors import DecodeError
 from effect_ledger.ops.sink_db import SinkStore, open_store
 from effect_ledger.ops.sources import SourceError, _partitions
 from effect_ledger.sdk.store.tables import state_row
+from effect_ledger.streams.acl import client_group
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.watermarks import watermarks
@@ -61,7 +61,7 @@ class StateSink:
         c = Consumer(
             self.cfg.confluent(
                 **{
-                    "group.id": f"{self.cfg.prefix}effects-sink-{uuid.uuid4().hex}",
+                    "group.id": client_group(self.cfg.prefix, "sink"),
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                 }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -27,6 +26,7 @@ from effect_ledger.core.model import (
 )
 from effect_ledger.errors import DecodeError, NotAuthorized, StorageError
 from effect_ledger.sdk.store.reader import LedgerReader
+from effect_ledger.streams.acl import client_group
 from effect_ledger.streams.codec import Codec, default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.log_clock import log_time_of
@@ -64,7 +64,7 @@ def _consumer(cfg: KafkaConfig) -> Consumer:
     return Consumer(
         cfg.confluent(
             **{
-                "group.id": f"{cfg.prefix}effects-tool-{uuid.uuid4().hex}",
+                "group.id": client_group(cfg.prefix, "tool"),
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "enable.partition.eof": False,
@@ -261,7 +261,7 @@ def follow_topic(
     c = Consumer(
         cfg.confluent(
             **{
-                "group.id": f"{cfg.prefix}effects-follow-{uuid.uuid4().hex}",
+                "group.id": client_group(cfg.prefix, "follow"),
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest" if from_beginning else "latest",
                 "error_cb": on_error,

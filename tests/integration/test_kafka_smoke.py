@@ -16,7 +16,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 from effect_ledger.core import model as m
 from effect_ledger.streams.admin import (
     BrokerUnavailable,
-    cluster_config,
     delete_topics,
     ensure_topics,
     list_topics,
@@ -43,7 +42,7 @@ def test_ensure_topics_is_idempotent(kafka_config: KafkaConfig) -> None:
     assert ensure_topics(kafka_config) == {name: "exists" for name in topics.all()}
 
     listed = list_topics(kafka_config)
-    for spec in topic_specs(cluster_config(kafka_config)):
+    for spec in topic_specs(kafka_config.for_cluster(wait_ready(kafka_config))):
         assert listed[spec.name] == spec.partitions, spec.name
 
 
@@ -66,7 +65,7 @@ def test_ensure_topics_refuses_a_different_partition_count(kafka_bootstrap: str)
         with pytest.raises(ValueError, match=r"exists with 2 partitions, expected 3"):
             ensure_topics(three)
         # nothing was changed
-        assert all(list_topics(two)[s.name] == s.partitions for s in topic_specs(cluster_config(two)))
+        assert all(list_topics(two)[s.name] == s.partitions for s in topic_specs(two.for_cluster(wait_ready(two))))
     finally:
         delete_topics(two, list(two.topics.all()))
 

@@ -34,6 +34,7 @@ from effect_ledger.core.plan import conflict_with
 from effect_ledger.errors import EffectInProgress, LedgerUnavailable
 from effect_ledger.sdk.kafka.lookup import FoldedThrough, ProcessorLookup
 from effect_ledger.sdk.store.sqlite import ClaimOp, Store, VersionConflict
+from effect_ledger.streams.acl import client_group
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.watermarks import high_watermark
@@ -61,7 +62,7 @@ class Watermarks:
 
             self._consumer = Consumer(
                 self.cfg.confluent(
-                    **{"group.id": f"{self.cfg.prefix}effect-ledger-watermarks", "enable.auto.commit": False}
+                    **{"group.id": client_group(self.cfg.prefix, "watermarks"), "enable.auto.commit": False}
                 )
             )
         return self._consumer

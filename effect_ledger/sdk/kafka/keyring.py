@@ -22,10 +22,10 @@ import base64
 import json
 import os
 import time
-import uuid
 
 from effect_ledger.errors import InvalidEffect, LedgerUnavailable
 from effect_ledger.sdk.erasure import subject_digest
+from effect_ledger.streams.acl import client_group
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.watermarks import watermarks
 
@@ -93,7 +93,7 @@ class KafkaKeyring:
             self.cfg.confluent(
                 **{
                     # Never joins (assign(), no commits); under the prefix for the agent role's ACLs.
-                    "group.id": f"{self.cfg.prefix}effects-keys-{uuid.uuid4().hex}",
+                    "group.id": client_group(self.cfg.prefix, "keys"),
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                 }

@@ -22,7 +22,7 @@ value) is produced to ``effects.dlq`` and waited for (best effort: the outbox is
 the row is marked ``sent = 2`` with its reason in ``dead_letters``. The relay goes on with the other
 rows, in their order. Any other error fails the batch, which is retried as before.
 
-A row Kafka's ACLs refuse (``FORBIDDEN``: this principal may not write its topic, a person's
+A row Kafka's ACLs refuse (``refused_by_acls``: this principal may not write its topic, a person's
 decision written with an agent's credential) is set aside the same way, with the missing right as
 its reason: retrying cannot succeed until an administrator changes the ACLs, and it must not hold
 back the rows behind it. Once the right is given, ``effects relay --db FILE --resend-refused``
@@ -50,6 +50,7 @@ from effect_ledger.core.limits import MAX_DEAD_LETTER_COPY_BYTES, MAX_EVENT_BYTE
 from effect_ledger.core.model import DeadLetter
 from effect_ledger.errors import LedgerError
 from effect_ledger.sdk.store.sqlite import ACL_REFUSED, Store
+from effect_ledger.streams.admin import refused_by_acls
 from effect_ledger.streams.codec import HEADER, Codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
@@ -63,14 +64,6 @@ PERMANENT = frozenset(
         KafkaError.RECORD_LIST_TOO_LARGE,
         KafkaError.INVALID_MSG_SIZE,
         KafkaError.INVALID_RECORD,  # the broker's validation refused the record
-    }
-)
-#: Refusals of Kafka's ACLs: the row is set aside (like a dead letter) with the missing right.
-FORBIDDEN = frozenset(
-    {
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
     }
 )
 
@@ -335,7 +328,7 @@ class Relay:
                         offsets[seq] = (msg.partition(), msg.offset())
                     if forbidden:
                         forbidden.pop(msg.topic(), None)
-                elif err.code() in FORBIDDEN:
+                elif refused_by_acls(err):  # set aside (like a dead letter), with the missing right
                     right = f"Write on topic {msg.topic()}"
                     forbidden[msg.topic()] = right
                     refused.append((seq, f"{ACL_REFUSED} ({err.name()}): this principal lacks {right}"))

@@ -108,7 +108,7 @@ class LedgerReader:
                              c.execute("SELECT * FROM events LIMIT 1").fetchall()))  # fmt: skip
 
     def set_aside(self) -> list[sqlite3.Row]:
-        """Outbox rows Kafka refused for good (seq, effect_id, kind, at_ms, reason), oldest first."""
+        """Outbox rows Kafka refused for good (seq, effect_id, kind, size, at_ms, reason), oldest first."""
         return self._run(tables.set_aside)  # type: ignore[no-any-return]
 
     def created_between(self, from_ms: int, to_ms: int) -> list[sqlite3.Row]:

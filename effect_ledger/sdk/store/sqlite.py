@@ -755,10 +755,7 @@ class Store:
 
     async def dead_letters(self) -> list[dict[str, Any]]:
         """Events Kafka refused for good, oldest first: seq, effect_id, kind, size, at_ms, reason."""
-        return await self.query(
-            "SELECT d.seq, e.effect_id, e.kind, length(e.body) AS size, d.at_ms, d.reason "
-            "FROM dead_letters d JOIN events e ON e.seq = d.seq ORDER BY d.seq"
-        )
+        return self._read(tables.set_aside, self._reader)  # type: ignore[no-any-return]
 
     async def record_check(self, effect_id: str, tries: int, next_check_ms: int | None) -> None:
         """Record that reconcilers were asked ``tries`` times, and when to ask next (the backoff:

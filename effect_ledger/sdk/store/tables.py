@@ -186,12 +186,14 @@ def due_checks(conn: sqlite3.Connection, now_ms: int, limit: int) -> list[Due]:
     return [Due(*r) for r in found]
 
 
-def set_aside(conn: sqlite3.Connection) -> list[sqlite3.Row]:
-    """The outbox rows the relay set aside (Kafka refused them for good), oldest first."""
-    return conn.execute(
-        "SELECT d.seq, e.effect_id, e.kind, d.at_ms, d.reason FROM dead_letters d JOIN events e ON e.seq = d.seq"
-        " ORDER BY d.seq"
-    ).fetchall()
+def set_aside(conn: sqlite3.Connection) -> list[Any]:
+    """The outbox rows the relay set aside (Kafka refused them for good), oldest first: seq,
+    effect_id, kind, size, at_ms, reason."""
+    return rows(
+        conn,
+        "SELECT d.seq, e.effect_id, e.kind, length(e.body) AS size, d.at_ms, d.reason"
+        " FROM dead_letters d JOIN events e ON e.seq = d.seq ORDER BY d.seq",
+    )
 
 
 def unsettled(conn: sqlite3.Connection, created_before_ms: int | None = None) -> list[sqlite3.Row]:
