@@ -9,7 +9,7 @@ KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench chaos soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -26,6 +26,8 @@ help:
 	@echo "make sim                the protocol simulator: seeds for 60 s on every core (SIM_ARGS=--help)"
 	@echo "make soak               10 minutes at 500 effects/s: two agent hosts, two workers, a reconciler, a worker"
 	@echo "                        kill -9 and a broker restart; report + plot in soak-report/ (SOAK_ARGS=--help)"
+	@echo "make chaos              30 minutes of kills, pauses, partitions and clock skews on a 3-broker cluster in"
+	@echo "                        network namespaces; report + plot in docs/chaos/ (CHAOS_ARGS=--help)"
 	@echo "make lint               ruff, mypy and the walls between the rooms (import-linter)"
 	@echo "make schemas-check      schema compatibility across schemas/history, with Apache Avro's Java checker"
 	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
@@ -62,6 +64,7 @@ test: venv venv-dbos
 	@bash scripts/install-browser.sh
 	@bash scripts/install-faketime.sh
 	@bash scripts/install-openssl.sh
+	@bash scripts/install-nftables.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 
@@ -100,6 +103,16 @@ bench: venv
 # run is part of `make test` (tests/unit/test_sim.py).
 sim: venv
 	@$(PY) -m tests.sim $(SIM_ARGS)
+
+# The replicated cluster in network namespaces under a nemesis, 30 minutes (root: ip netns, nftables);
+# the report and its plot go to docs/chaos/. The short form (every fault kind once) is in `make test`
+# (tests/chaos/test_chaos_short.py). CHAOS_ARGS=--help lists the options (--seed replays a run).
+CHAOS_ARGS ?= --minutes 30 --out docs/chaos
+chaos: venv
+	@bash scripts/install-faketime.sh
+	@bash scripts/install-nftables.sh
+	@bash scripts/kafka.sh fetch
+	@$(PY) -m tests.chaos $(CHAOS_ARGS)
 
 # Not part of `make test`: it restarts the repo's broker in the middle (scripts/kafka.sh down/up).
 soak: venv

@@ -11,6 +11,7 @@ none of the rights asked about.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,10 +64,24 @@ def missing_rights(cfg: KafkaConfig, need: str, timeout: float = 10.0) -> list[s
     return [f"{op} on topic {t}" for t, op in wanted if t in have and op not in have[t]]
 
 
-def require(cfg: KafkaConfig, need: str, what: str, timeout: float = 10.0) -> None:
+def require(cfg: KafkaConfig, need: str, what: str, timeout: float = 10.0, patience: float = 60.0) -> None:
     """``NotAuthorized`` naming every right of ``NEEDS[need]`` this client lacks (``what``: the
-    part or action that needs them)."""
-    missing = missing_rights(cfg, need, timeout)
+    part or action that needs them). A cluster that answers "not now" (a broker starting, a leader
+    being elected, a request timed out) is asked again for up to ``patience`` seconds: a service
+    started beside a cluster that is still coming up waits for it instead of exiting."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    end = time.monotonic() + patience
+    while True:
+        try:
+            missing = missing_rights(cfg, need, timeout)
+            break
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            transient = isinstance(err, KafkaError) and (err.retriable() or err.code() == KafkaError._TIMED_OUT)
+            if not transient or time.monotonic() >= end:
+                raise
+            time.sleep(1.0)
     if missing:
         raise NotAuthorized(what, operator_identity(cfg), missing)
 

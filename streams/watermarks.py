@@ -4,7 +4,9 @@ A partition whose leader is being elected (a topic just created, a broker restar
 watermark query with NOT_LEADER_FOR_PARTITION or LEADER_NOT_AVAILABLE for a moment; a client whose
 metadata is stale (a broker died and its partitions moved, partitions were added) does not know the
 partition's leader at all (the client's own UNKNOWN_PARTITION) until it asks for metadata again,
-which librdkafka does on its own only every few minutes: this module asks for it at once. Every
+which librdkafka does on its own only every few minutes: this module asks for it at once. A leader
+that is paused or cut off takes the query and never answers: each query waits at most
+``ATTEMPT_S``, then the metadata is asked again and the query goes to the partition's new leader. Every
 reader that reads a compacted topic from its start to its end (the schemas, the erasure keys, the
 state sink) and the claims' watermark reads ask through here, so none of them reports such a moment
 as a topic it cannot read, nor fails an agent's call for it.
@@ -17,6 +19,10 @@ from functools import cache
 from typing import Any
 
 _PAUSE_S = 0.05  # a leader election takes a few heartbeats: no need to hammer the broker
+#: One query's longest wait. A paused or cut-off leader takes a query and never answers: past this the
+#: client's metadata is asked again (the cluster may have fenced that broker and moved the partition)
+#: and the query goes to whoever leads now, while the caller's deadline allows.
+ATTEMPT_S = 1.5
 
 
 @cache
@@ -33,6 +39,10 @@ def _not_yet() -> frozenset[int]:
             KafkaError._UNKNOWN_PARTITION,  # the client's metadata is stale (refreshed below)
             KafkaError._TRANSPORT,
             KafkaError._TIMED_OUT,
+            # A leader elected a moment ago answers this until its high watermark is established
+            # (KIP-207); a broker the cluster dropped from its metadata ends its client's handle.
+            KafkaError.OFFSET_NOT_AVAILABLE,
+            KafkaError._DESTROY_BROKER,
         }
     )
 
@@ -42,16 +52,19 @@ def watermarks(consumer: Any, tp: Any, deadline: float) -> tuple[int, int]:
     ``deadline`` is ahead; any other error, or one at the deadline, is raised (``KafkaException``)."""
     from confluent_kafka import KafkaError, KafkaException
 
+    stale = {KafkaError._UNKNOWN_PARTITION, KafkaError._TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION,
+             KafkaError.OFFSET_NOT_AVAILABLE, KafkaError._DESTROY_BROKER}  # fmt: skip
     while True:
         try:
-            low, high = consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))
+            wait = max(0.1, min(ATTEMPT_S, deadline - time.monotonic()))
+            low, high = consumer.get_watermark_offsets(tp, timeout=wait)
             return int(low), int(high)
         except KafkaException as e:
             err = e.args[0] if e.args else None
             transient = err is not None and (err.code() in _not_yet() or err.retriable())
             if not transient or time.monotonic() + _PAUSE_S >= deadline:
                 raise
-            if err is not None and err.code() == KafkaError._UNKNOWN_PARTITION:
+            if err is not None and err.code() in stale:  # the leader may have moved: ask who leads now
                 _refresh(consumer, tp.topic, deadline)
         time.sleep(_PAUSE_S)
 

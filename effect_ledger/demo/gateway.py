@@ -171,16 +171,20 @@ class _Server(ThreadingHTTPServer):
 class Gateway:
     """A running gateway: ``with Gateway("key+lookup") as gw: gw.url``."""
 
-    def __init__(self, kind: str = "key+lookup", port: int = 0, state: GatewayState | None = None) -> None:
+    def __init__(
+        self, kind: str = "key+lookup", port: int = 0, state: GatewayState | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.state = state or GatewayState(kind)  # ``state``: books that fail on their own terms (the soak)
-        self._server = _Server(("127.0.0.1", port), _Handler)
+        # ``host``: loopback unless a test's network says otherwise (the chaos run's bridge address).
+        self._host = host
+        self._server = _Server((host, port), _Handler)
         self._server.state = self.state
         self._thread = threading.Thread(target=self._server.serve_forever, name=f"gateway-{kind}", daemon=True)
 
     @property
     def url(self) -> str:
         port = self._server.server_address[1]
-        return f"http://127.0.0.1:{port}"
+        return f"http://{self._host}:{port}"
 
     def start(self) -> Gateway:
         self._thread.start()

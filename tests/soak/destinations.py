@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slow", type=float, default=0.005)
     p.add_argument("--slow-delay", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--host", default="127.0.0.1", help="address the gateways listen on [127.0.0.1]")
     a = p.parse_args(argv)
     gateways = {
-        name: Gateway(kind, state=FlakyState(kind, a.lost, a.slow, a.slow_delay, a.seed + i)).start()
+        name: Gateway(kind, state=FlakyState(kind, a.lost, a.slow, a.slow_delay, a.seed + i), host=a.host).start()
         for i, (name, kind) in enumerate(KINDS.items())
     }
     print(json.dumps({name: gw.url for name, gw in gateways.items()}), flush=True)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from effect_ledger.streams.watermarks import high_watermark
+from effect_ledger.streams.watermarks import ATTEMPT_S, high_watermark
 
 TP = TopicPartition("effects.schemas", 0)
 
@@ -24,9 +24,15 @@ class Answers:
     def __init__(self, *answers: int | tuple[int, int]) -> None:
         self.answers = list(answers)
         self.calls = 0
+        self.waits: list[float] = []
+        self.refreshed = 0
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        self.refreshed += 1
 
     def get_watermark_offsets(self, tp: Any, timeout: float) -> tuple[int, int]:
         self.calls += 1
+        self.waits.append(timeout)
         answer = self.answers.pop(0)
         if isinstance(answer, int):
             raise KafkaException(KafkaError(answer))
@@ -53,3 +59,21 @@ def test_not_leader_past_the_deadline_is_raised() -> None:
         high_watermark(c, TP, start + 0.3)
     assert time.monotonic() - start < 2.0
     assert 1 < c.calls < 100
+
+
+def test_a_new_leader_without_its_high_watermark_yet_is_asked_again_after_new_metadata() -> None:
+    # KIP-207: a leader elected a moment ago answers OFFSET_NOT_AVAILABLE until its high watermark
+    # is established; the chaos run's broker kills met it on every agent's claim.
+    c = Answers(KafkaError.OFFSET_NOT_AVAILABLE, KafkaError._DESTROY_BROKER, (0, 9))
+    assert high_watermark(c, TP, time.monotonic() + 5) == 9
+    assert c.calls == 3
+    assert c.refreshed == 2
+
+
+def test_each_query_waits_at_most_an_attempt_then_asks_who_leads_now() -> None:
+    # A paused leader takes the query and never answers: the wait is cut at ATTEMPT_S, the metadata
+    # asked again, and the next query goes to whoever leads by then, within the caller's deadline.
+    c = Answers(KafkaError._TIMED_OUT, (0, 4))
+    assert high_watermark(c, TP, time.monotonic() + 30) == 4
+    assert c.waits[0] <= ATTEMPT_S
+    assert c.refreshed == 1

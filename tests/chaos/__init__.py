@@ -1,0 +1,2 @@
+"""``make chaos``: a replicated cluster in network namespaces under a nemesis, and a checker
+(``python -m tests.chaos --help``)."""
