@@ -18,10 +18,6 @@ SESSION_TIMEOUT_S = 10.0
 #: for the batch it is writing (half of it: the consumer keeps heartbeating meanwhile, and the
 #: rebalance waits for the member).
 REBALANCE_TIMEOUT_S = 60.0
-#: A produce request unanswered this long goes again (to the partition's leader by then). aiokafka
-#: also fails a batch that waited this long for a partition with no leader at all (every replica
-#: down): well above a leader election's few seconds.
-PRODUCER_REQUEST_TIMEOUT_S = 10.0
 DRAIN_S = REBALANCE_TIMEOUT_S / 2
 
 
@@ -73,10 +69,6 @@ def throughput_settings() -> dict[str, Any]:
         # the broker gives up on its heartbeats: faust's default of 60 s left every partition of the
         # group unfolded for 60-105 s in the soak (make soak). Heartbeats come from the consumer's
         # own thread, so a busy fold does not miss them.
-        # A produce request to a leader that stopped answering (paused, cut off) waits this long, then
-        # goes again to whoever leads the partition by then. faust's default (1,200 s) held a worker's
-        # writes, and so its fold and every lookup waiting on it, for as long as a broker was paused.
-        "producer_request_timeout": PRODUCER_REQUEST_TIMEOUT_S,
         "broker_session_timeout": SESSION_TIMEOUT_S,
         "broker_rebalance_timeout": REBALANCE_TIMEOUT_S,
         "broker_heartbeat_interval": SESSION_TIMEOUT_S / 5,
