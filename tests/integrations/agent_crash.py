@@ -27,6 +27,9 @@ from effect_ledger.sdk import crashpoints
 from tests.integrations.gateway_http import run_child
 
 TRIALS = int(os.environ.get("EFFECT_LEDGER_TRIALS", "3"))
+# Four child processes per trial pair, each importing its framework (a few seconds): the test's own
+# bound grows with the trials instead of pytest's default 300 s.
+TRIAL_TIMEOUT_S = 120 + 40 * TRIALS
 
 
 @dataclass

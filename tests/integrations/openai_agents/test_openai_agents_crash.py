@@ -17,7 +17,7 @@ from effect_ledger import State, effect_key
 from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.demo.gateway import Gateway
 from effect_ledger.sdk import crashpoints
-from tests.integrations.agent_crash import AgentApp, crash_trials, report
+from tests.integrations.agent_crash import TRIAL_TIMEOUT_S, AgentApp, crash_trials, report
 from tests.services import wait_for
 
 RUN = "conv-7"
@@ -48,6 +48,7 @@ def test_killed_after_the_call_resumes_without_a_second_refund(gateway: Gateway,
     assert APP.effect(tmp_path, KEY).state is State.CONFIRMED
 
 
+@pytest.mark.timeout(TRIAL_TIMEOUT_S)
 def test_crash_trials_with_and_without_the_ledger() -> None:
     with_ledger = crash_trials(APP, "lookup", plain=False)
     plain = crash_trials(APP, "lookup", plain=True)
