@@ -5,11 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DBOS_VENV := .venv-dbos
+OPENAI_AGENTS_VENV := .venv-openai-agents
+PYDANTIC_AI_VENV := .venv-pydantic-ai
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench chaos soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos venv-openai-agents venv-pydantic-ai test-agent-trials demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench chaos soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -22,6 +24,7 @@ help:
 	@echo "make test-crash         crash suite (kills real child processes)"
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
+	@echo "make test-agent-trials  the OpenAI Agents SDK and Pydantic AI crash trials, 20 each, with and without the ledger"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make sim                the protocol simulator: seeds for 60 s on every core (SIM_ARGS=--help)"
 	@echo "make soak               10 minutes at 500 effects/s: two agent hosts, two workers, a reconciler, a worker"
@@ -53,13 +56,31 @@ $(DBOS_VENV)/.installed: pyproject.toml
 
 venv-dbos: $(DBOS_VENV)/.installed
 
+# Each agent framework is an extra of its own, tested in its own environment (the base install, the
+# extra and [dev]), so that each one shows it needs none of the others.
+$(OPENAI_AGENTS_VENV)/.installed: pyproject.toml
+	@test -x $(OPENAI_AGENTS_VENV)/bin/python || $(PYTHON) -m venv $(OPENAI_AGENTS_VENV)
+	@$(OPENAI_AGENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(OPENAI_AGENTS_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[openai-agents,dev]"
+	@touch $@
+
+venv-openai-agents: $(OPENAI_AGENTS_VENV)/.installed
+
+$(PYDANTIC_AI_VENV)/.installed: pyproject.toml
+	@test -x $(PYDANTIC_AI_VENV)/bin/python || $(PYTHON) -m venv $(PYDANTIC_AI_VENV)
+	@$(PYDANTIC_AI_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(PYDANTIC_AI_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[pydantic-ai,dev]"
+	@touch $@
+
+venv-pydantic-ai: $(PYDANTIC_AI_VENV)/.installed
+
 demo: venv
 	@$(VENV)/bin/effects demo
 
 demo-kafka: venv
 	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
 
-test: venv venv-dbos
+test: venv venv-dbos venv-openai-agents venv-pydantic-ai
 	@bash scripts/install-postgres.sh
 	@bash scripts/install-browser.sh
 	@bash scripts/install-faketime.sh
@@ -67,6 +88,14 @@ test: venv venv-dbos
 	@bash scripts/install-nftables.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
+	@$(OPENAI_AGENTS_VENV)/bin/python -m pytest tests/integrations/openai_agents
+	@$(PYDANTIC_AI_VENV)/bin/python -m pytest tests/integrations/pydantic_ai
+
+# Issue 38's proof at full length: each framework's crash scenario 20 times with the ledger and 20
+# times with a plain tool; prints one line per framework (`make test` runs 3 of each).
+test-agent-trials: venv-openai-agents venv-pydantic-ai
+	@EFFECT_LEDGER_TRIALS=20 $(OPENAI_AGENTS_VENV)/bin/python -m pytest -q -s tests/integrations/openai_agents -k trials
+	@EFFECT_LEDGER_TRIALS=20 $(PYDANTIC_AI_VENV)/bin/python -m pytest -q -s tests/integrations/pydantic_ai -k trials
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)

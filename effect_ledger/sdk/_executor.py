@@ -172,6 +172,17 @@ class Executor:
         finally:
             self.local.in_flight.discard(key)
 
+    async def settle(self, key: str, spec: CallSpec, call: Call) -> Effect | None:
+        """``execute``'s first step alone: an open earlier attempt whose worker is gone is asked
+        about and the answer recorded; nothing is executed. Returns the effect as it then stands."""
+        loaded = await self.load(key)
+        if key in self.local.in_flight:  # this worker is executing it: nothing to ask yet
+            return loaded.effect
+        step = plan(self.known(key, loaded), spec)
+        if isinstance(step, AskFirst):
+            return (await self._ask_first(step, spec, call))[0]
+        return loaded.effect
+
     async def _execute_once(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
         loaded = await self.load(key)
         effect = loaded.effect

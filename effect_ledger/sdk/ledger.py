@@ -34,6 +34,7 @@ records the facts that come later (webhook receipts, deadlines, people's decisio
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -258,6 +259,11 @@ class Ledger:
         return self._relay
 
     @property
+    def namespace(self) -> str:
+        """The namespace this ledger's derived keys are made in (part of the key rule)."""
+        return self._namespace
+
+    @property
     def store(self) -> Store:
         """The SQLite file behind this ledger."""
         return self._store
@@ -298,11 +304,51 @@ class Ledger:
         """Execute one external write at most once. ``call(key)`` is the write itself; it receives
         the idempotency key to hand to the destination. Give ``run_id`` and ``step`` (the key is
         derived from them, see ``effect_ledger.core.keys.effect_key``) or your own ``key``."""
+        key, spec = self._checked(target, operation, request, call, run_id, step, key, namespace, timeout)
+        # What the intent records of the body: the target's policy (the digest is the full request's).
+        declared = self.target(target)
+        stored = await bodies.stored(declared.body, self.keyring, key, spec.canonical, spec.digest, self._clock())
+        return await self._executor.execute(key, dataclasses.replace(spec, stored=stored), call)
+
+    async def settle(
+        self,
+        *,
+        target: str,
+        operation: str,
+        request: Any,
+        call: Call,
+        run_id: str | None = None,
+        step: str | None = None,
+        key: str | None = None,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> Effect | None:
+        """What ``execute`` (same arguments) does first, and only that: an earlier attempt that did
+        not finish and whose worker is gone is asked about (``call`` replayed where the target
+        allows it, as ``execute`` would) and the answer recorded. Nothing new is executed. Returns the
+        effect as it then stands (None: the key was never used); an agent framework asks this before
+        it decides whether a person must approve the call (ESCALATED)."""
+        key, spec = self._checked(target, operation, request, call, run_id, step, key, namespace, timeout)
+        return await self._executor.settle(key, spec, call)
+
+    def _checked(
+        self,
+        target: str,
+        operation: str,
+        request: Any,
+        call: Call,
+        run_id: str | None,
+        step: str | None,
+        key: str | None,
+        namespace: str | None,
+        timeout: float | None,
+    ) -> tuple[str, CallSpec]:
+        """The key and the checked call of ``execute``'s arguments (the body as given: see ``execute``)."""
         if self._store.closed:
             raise LedgerClosed(f"ledger {self._store.path} is closed")
         check_name("target", target)
         check_name("operation", operation)
-        declared = self.target(target)  # undeclared: refused before anything is written
+        self.target(target)  # undeclared: refused before anything is written
         ns = self._namespace if namespace is None else namespace
         check_ids(run_id, step, ns)  # recorded in the intent even when the key is given
         if key is None:
@@ -317,10 +363,7 @@ class Ledger:
             raise InvalidEffect(f"timeout must be a number of seconds > 0, got {t_s!r}")
         if not callable(call):
             raise InvalidEffect("call must be a function of the idempotency key")
-        # What the intent records of the body: the target's policy (the digest is the full request's).
-        stored = await bodies.stored(declared.body, self.keyring, key, canonical, request_digest, self._clock())
-        spec = CallSpec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s), stored)
-        return await self._executor.execute(key, spec, call)
+        return key, CallSpec(target, operation, ns, run_id or "", step or "", canonical, request_digest, float(t_s))
 
     async def reconcile(self, key: str, call: Call | None = None) -> Effect | None:
         """Ask once about an open effect (used by the runner); records and returns the outcome.

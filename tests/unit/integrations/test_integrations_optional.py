@@ -1,5 +1,6 @@
-"""The engines are extras: importing the SDK, the CLI or the shared decision code never imports
-LangGraph or DBOS (the DBOS extra cannot even share an environment with the processor extra)."""
+"""The engines are extras: importing the SDK, the CLI or the shared decision and tool code never
+imports LangGraph, DBOS, the OpenAI Agents SDK or Pydantic AI (the DBOS extra cannot even share an
+environment with the processor extra)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 
 PROBE = """
 import sys
-import effect_ledger, effect_ledger.cli.main, effect_ledger.integrations.decisions
-loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('langgraph', 'langchain_core', 'dbos'))
+import effect_ledger, effect_ledger.cli.main, effect_ledger.integrations.decisions, effect_ledger.integrations._tools
+engines = ('langgraph', 'langchain_core', 'dbos', 'agents', 'openai', 'pydantic_ai')
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in engines)
 assert not loaded, loaded
 """
 
