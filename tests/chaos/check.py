@@ -288,8 +288,8 @@ def plot(path: Path, c: Checked, t0: float, title: str) -> Path | None:
         ax1.text(f["start_s"] - t0, max(started) * 1.02 if started else 1, f["kind"], rotation=90, fontsize=6,
                  va="bottom")  # fmt: skip
     ax1.legend(fontsize=7, loc="lower left")
-    ax1.set_title(title)
-    fig.tight_layout()
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
