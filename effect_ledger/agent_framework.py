@@ -1,0 +1,19 @@
+"""effect-ledger for Microsoft Agent Framework tools and workflows (needs the ``[agent-framework]`` extra).
+
+    from effect_ledger.agent_framework import ledger_tool
+
+The key rule and the approval contract: ``effect_ledger.integrations.agent_framework``.
+"""
+
+from __future__ import annotations
+
+from effect_ledger.integrations.agent_framework import (
+    ESCALATION,
+    RUN_ID,
+    answer,
+    escalation_of,
+    ledger_tool,
+    run_identity,
+)
+
+__all__ = ["ledger_tool", "run_identity", "answer", "escalation_of", "RUN_ID", "ESCALATION"]
