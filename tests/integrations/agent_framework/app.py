@@ -42,7 +42,7 @@ from agent_framework import (  # noqa: E402
     tool,
 )
 
-from effect_ledger import SyncLedger  # noqa: E402
+from effect_ledger import DecisionRefused, SyncLedger  # noqa: E402
 from effect_ledger.agent_framework import answer, escalation_of, ledger_tool  # noqa: E402
 from effect_ledger.demo.agent import write_declaration  # noqa: E402
 from effect_ledger.sdk import crashpoints  # noqa: E402
@@ -124,7 +124,10 @@ async def run(args: argparse.Namespace, ledger: SyncLedger, storage: FileCheckpo
             result = await workflow.run(checkpoint_id=latest.checkpoint_id, function_invocation_kwargs=given)
         else:
             pending = list(latest.pending_request_info_events.values())
-            responses = {e.request_id: answer(ledger, e.data, json.loads(args.decision)) for e in pending}
+            try:
+                responses = {e.request_id: answer(ledger, e.data, json.loads(args.decision)) for e in pending}
+            except DecisionRefused as e:  # "absent" while the attempt may still land: ask again later
+                return {"refused": e.retry_after_ms}
             result = await workflow.run(
                 checkpoint_id=latest.checkpoint_id, responses=responses, function_invocation_kwargs=given
             )

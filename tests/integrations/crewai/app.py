@@ -81,7 +81,7 @@ def refund_tool(ledger: SyncLedger, gateway: str, plain: bool) -> Any:
 
         return plain_refund
 
-    @ledger_tool(ledger, target="payments", operation="refund.create", timeout=2.0)
+    @ledger_tool(ledger, target="payments", operation="refund.create", timeout=1.0)
     def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
         """Refund an order (amount in cents)."""
         return post_refund(gateway, order, amount, idempotency_key)

@@ -1,0 +1,99 @@
+"""The key rule of effect_ledger.agent_framework against real Agent Framework agents and workflows,
+in process: a superstep replayed from its checkpoint keeps the key, other runs get other keys, a run
+without a run id stops fail-closed, and the model never sees the key."""
+
+from __future__ import annotations
+
+import tests.integrations.agent_framework.app  # noqa: F401  (telemetry off before agent_framework loads)
+
+import asyncio  # noqa: I001
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from agent_framework import Agent, FileCheckpointStorage, MiddlewareFailure
+
+from effect_ledger import InvalidEffect, SyncLedger, effect_key
+from effect_ledger.agent_framework import ledger_tool
+from effect_ledger.demo.agent import payments_target
+from effect_ledger.demo.gateway import Gateway
+from tests.integrations.agent_framework.app import NAME, RefundModel, build
+from tests.integrations.gateway_http import post_refund
+
+
+@pytest.fixture
+def gateway() -> Iterator[Gateway]:
+    with Gateway("lookup") as gw:  # does not dedupe keys: a second call would be a second refund
+        yield gw
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, gateway: Gateway) -> Iterator[SyncLedger]:
+    with SyncLedger.open(str(tmp_path / "effects.db"), targets=[payments_target(gateway.url, "lookup")]) as led:
+        yield led
+
+
+def test_a_superstep_replayed_from_its_checkpoint_keeps_the_key(
+    ledger: SyncLedger, gateway: Gateway, tmp_path: Path
+) -> None:
+    storage = FileCheckpointStorage(str(tmp_path / "checkpoints"))
+
+    async def go() -> list[Any]:
+        wf = build(ledger, gateway.url, False, storage)
+        first = await wf.run("Refund order 123.", function_invocation_kwargs={"run_id": "r-1"})
+        # Every checkpoint of the run, the one before the agent's superstep included: replay each.
+        replays = []
+        for cp in await storage.list_checkpoints(workflow_name=NAME):
+            again = build(ledger, gateway.url, False, storage)
+            replays.append(await again.run(checkpoint_id=cp.checkpoint_id, function_invocation_kwargs={"run_id": "r-1"}))
+        other = await build(ledger, gateway.url, False, storage).run(
+            "Refund order 123.", function_invocation_kwargs={"run_id": "r-2"}
+        )
+        return [first, *replays, other]
+
+    results = asyncio.run(go())
+    assert len(results) >= 3  # at least one replay
+    made = gateway.refunds()
+    assert [r.idempotency_key for r in made] == [
+        effect_key("payments", "refund.create", run, "refund") for run in ("r-1", "r-2")
+    ]
+    outputs = [r.get_outputs() for r in results]
+    assert all(o in ([made[0].id], []) for o in outputs[:-1]) and outputs[0] == [made[0].id]
+    assert outputs[-1] == [made[1].id]
+
+
+def test_a_step_from_the_request_names_each_write(ledger: SyncLedger, gateway: Gateway) -> None:
+    @ledger_tool(ledger, target="payments", operation="refund.create", step=lambda r: f"order-{r['order']}")
+    def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+        """Refund an order."""
+        return post_refund(gateway.url, order, amount, idempotency_key)
+
+    agent = Agent(client=RefundModel(), name="refunds", tools=[refund])
+    reply = asyncio.run(agent.run("Refund order 123.", function_invocation_kwargs={"run_id": "r-1"}))
+    [made] = gateway.refunds()
+    assert reply.text == made.id
+    assert made.idempotency_key == effect_key("payments", "refund.create", "r-1", "order-123")
+
+
+def test_the_model_sees_no_key_and_no_context(ledger: SyncLedger) -> None:
+    @ledger_tool(ledger, target="payments", operation="refund.create")
+    def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+        """Refund an order."""
+        raise AssertionError("not called")
+
+    assert set(refund.parameters()["properties"]) == {"order", "amount"}
+    assert refund.name == "refund" and refund.description == "Refund an order."
+
+
+def test_a_run_without_a_run_id_stops_fail_closed(ledger: SyncLedger, gateway: Gateway) -> None:
+    @ledger_tool(ledger, target="payments", operation="refund.create")
+    def refund(order: str, amount: int, *, idempotency_key: str) -> dict[str, Any]:
+        """Refund an order."""
+        raise AssertionError("not called")
+
+    agent = Agent(client=RefundModel(), name="refunds", tools=[refund])
+    with pytest.raises(MiddlewareFailure) as failed:
+        asyncio.run(agent.run("Refund order 123."))
+    assert isinstance(failed.value.__cause__, InvalidEffect) and "run id" in str(failed.value.__cause__)
+    assert gateway.refunds() == []
