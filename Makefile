@@ -5,11 +5,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 DBOS_VENV := .venv-dbos
+CREWAI_VENV := .venv-crewai
+AGENT_FRAMEWORK_VENV := .venv-agent-framework
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos venv-crewai venv-agent-framework test-frameworks-full demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -20,6 +22,7 @@ help:
 	@echo "make test-secure        every role on the secured broker (TLS, SCRAM, ACLs)"
 	@echo "make test-cluster       a replicated cluster of three brokers: replication, a broker killed"
 	@echo "make test-crash         crash suite (kills real child processes)"
+	@echo "make test-frameworks-full   CrewAI and Agent Framework crash trials, 20 each with and without the adapter"
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
@@ -51,19 +54,45 @@ $(DBOS_VENV)/.installed: pyproject.toml
 
 venv-dbos: $(DBOS_VENV)/.installed
 
+# CrewAI and Microsoft Agent Framework: an environment each (the base install with the extra and [dev]),
+# so that each adapter is tested with only its own framework installed.
+$(CREWAI_VENV)/.installed: pyproject.toml
+	@test -x $(CREWAI_VENV)/bin/python || $(PYTHON) -m venv $(CREWAI_VENV)
+	@$(CREWAI_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(CREWAI_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[crewai,dev]"
+	@touch $@
+
+venv-crewai: $(CREWAI_VENV)/.installed
+
+$(AGENT_FRAMEWORK_VENV)/.installed: pyproject.toml
+	@test -x $(AGENT_FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(AGENT_FRAMEWORK_VENV)
+	@$(AGENT_FRAMEWORK_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(AGENT_FRAMEWORK_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[agent-framework,dev]"
+	@touch $@
+
+venv-agent-framework: $(AGENT_FRAMEWORK_VENV)/.installed
+
 demo: venv
 	@$(VENV)/bin/effects demo
 
 demo-kafka: venv
 	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
 
-test: venv venv-dbos
+test: venv venv-dbos venv-crewai venv-agent-framework
 	@bash scripts/install-postgres.sh
 	@bash scripts/install-browser.sh
 	@bash scripts/install-faketime.sh
 	@bash scripts/install-openssl.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
+	@$(CREWAI_VENV)/bin/python -m pytest tests/integrations/crewai
+	@$(AGENT_FRAMEWORK_VENV)/bin/python -m pytest tests/integrations/agent_framework
+
+# The CrewAI and Agent Framework crash trials, 20 each with and without the adapter (`make test` runs 3):
+# prints "<framework> with|without effect-ledger: N/20 trials refunded twice".
+test-frameworks-full: venv-crewai venv-agent-framework
+	@EFFECT_LEDGER_TRIALS=20 $(CREWAI_VENV)/bin/python -m pytest -s -k adapter tests/integrations/crewai/test_crewai_crash.py
+	@EFFECT_LEDGER_TRIALS=20 $(AGENT_FRAMEWORK_VENV)/bin/python -m pytest -s -k adapter tests/integrations/agent_framework/test_agent_framework_crash.py
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -140,7 +140,9 @@ def ledger_tool(
         # parameter annotated FunctionInvocationContext (and leaves it out of the tool's schema).
         sig = inspect.signature(fn, eval_str=True)
         params = [p for p in sig.parameters.values() if p.name != key_arg]
-        ctx = inspect.Parameter(_CTX, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=FunctionInvocationContext)
+        ctx = inspect.Parameter(
+            _CTX, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=FunctionInvocationContext
+        )
         wrapper.__signature__ = sig.replace(parameters=[*params, ctx])  # type: ignore[attr-defined]
         del wrapper.__wrapped__  # type: ignore[attr-defined]
         wrapper.__annotations__ = {

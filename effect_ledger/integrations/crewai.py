@@ -70,7 +70,14 @@ from crewai.tools import tool
 from crewai.tools.tool_failure import ToolFailure
 
 from effect_ledger.core.model import State
-from effect_ledger.errors import EffectClosed, EffectConflict, EffectInProgress, EffectUncertain, InvalidEffect, LedgerError
+from effect_ledger.errors import (
+    EffectClosed,
+    EffectConflict,
+    EffectInProgress,
+    EffectUncertain,
+    InvalidEffect,
+    LedgerError,
+)
 from effect_ledger.integrations.decisions import escalation, parse_decision
 from effect_ledger.sdk._wrap import keyed
 from effect_ledger.sdk.receipts import Confirmation

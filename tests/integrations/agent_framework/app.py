@@ -13,21 +13,17 @@ outputs, its final state and the escalations it asks a person about.
 
 from __future__ import annotations
 
-import os
+# (The package's __init__ has turned telemetry off before anything here is imported.)
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
-# Nothing leaves the machine: no user-agent telemetry (the fake client calls no service anyway).
-os.environ.update(AGENT_FRAMEWORK_USER_AGENT_DISABLED="true", ENABLE_INSTRUMENTATION="false")
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import uuid  # noqa: E402
-from collections.abc import Mapping, Sequence  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
-
-from agent_framework import (  # noqa: E402
+from agent_framework import (
     Agent,
     AgentExecutorResponse,
     BaseChatClient,
@@ -42,11 +38,11 @@ from agent_framework import (  # noqa: E402
     tool,
 )
 
-from effect_ledger import DecisionRefused, SyncLedger  # noqa: E402
-from effect_ledger.agent_framework import answer, escalation_of, ledger_tool  # noqa: E402
-from effect_ledger.demo.agent import write_declaration  # noqa: E402
-from effect_ledger.sdk import crashpoints  # noqa: E402
-from tests.integrations.gateway_http import post_refund  # noqa: E402
+from effect_ledger import DecisionRefused, SyncLedger
+from effect_ledger.agent_framework import answer, escalation_of, ledger_tool
+from effect_ledger.demo.agent import write_declaration
+from effect_ledger.sdk import crashpoints
+from tests.integrations.gateway_http import post_refund
 
 NAME = "refund-order"
 

@@ -27,7 +27,9 @@ RUN = "refund-order-123"
 KEY = effect_key("payments", "refund.create", RUN, "refund")
 
 
-def app(gw: Gateway, workdir: Path, action: str, crash: str | None, *extra: str, plain: bool = False) -> tuple[int, Any]:
+def app(
+    gw: Gateway, workdir: Path, action: str, crash: str | None, *extra: str, plain: bool = False
+) -> tuple[int, Any]:
     args = ["--workdir", str(workdir), "--gateway", gw.url, "--kind", gw.state.kind, "--run", RUN]
     return run_child(APP, [*args, *(["--plain"] if plain else []), action, *extra], crash=crash)
 

@@ -4,9 +4,7 @@ without a run id stops fail-closed, and the model never sees the key."""
 
 from __future__ import annotations
 
-import tests.integrations.agent_framework.app  # noqa: F401  (telemetry off before agent_framework loads)
-
-import asyncio  # noqa: I001
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,9 @@ def test_a_superstep_replayed_from_its_checkpoint_keeps_the_key(
         replays = []
         for cp in await storage.list_checkpoints(workflow_name=NAME):
             again = build(ledger, gateway.url, False, storage)
-            replays.append(await again.run(checkpoint_id=cp.checkpoint_id, function_invocation_kwargs={"run_id": "r-1"}))
+            replays.append(
+                await again.run(checkpoint_id=cp.checkpoint_id, function_invocation_kwargs={"run_id": "r-1"})
+            )
         other = await build(ledger, gateway.url, False, storage).run(
             "Refund order 123.", function_invocation_kwargs={"run_id": "r-2"}
         )

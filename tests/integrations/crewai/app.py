@@ -12,40 +12,31 @@ and, when it paused for a person, the escalation it shows.
 
 from __future__ import annotations
 
-import os
+# (The package's __init__ has turned telemetry off before anything here is imported.)
+import argparse
+import json
+import re
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
 
-# No telemetry or tracing leaves the machine (CrewAI reads these when it is imported).
-os.environ.update(
-    OTEL_SDK_DISABLED="true",
-    CREWAI_DISABLE_TELEMETRY="true",
-    CREWAI_DISABLE_TRACKING="true",
-    CREWAI_TRACING_ENABLED="false",
-)
+from crewai import Agent, Crew, Task
+from crewai.flow.async_feedback.types import HumanFeedbackPending
+from crewai.flow.flow import Flow, listen, start
+from crewai.flow.human_feedback import human_feedback
+from crewai.flow.persistence import SQLiteFlowPersistence, persist
+from crewai.llms.base_llm import BaseLLM
+from crewai.tools import tool
+from pydantic import BaseModel
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-import uuid  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from effect_ledger import SyncLedger
+from effect_ledger.crewai import EscalationFeedback, escalation_of, kickoff, ledger_tool
+from effect_ledger.demo.agent import write_declaration
+from effect_ledger.sdk import crashpoints
+from tests.integrations.gateway_http import post_refund
 
-from crewai import Agent, Crew, Task  # noqa: E402
-from crewai.flow.async_feedback.types import HumanFeedbackPending  # noqa: E402
-from crewai.flow.flow import Flow, listen, start  # noqa: E402
-from crewai.flow.human_feedback import human_feedback  # noqa: E402
-from crewai.flow.persistence import SQLiteFlowPersistence, persist  # noqa: E402
-from crewai.llms.base_llm import BaseLLM  # noqa: E402
-from crewai.tools import tool  # noqa: E402
-from pydantic import BaseModel  # noqa: E402
-
-from effect_ledger import SyncLedger  # noqa: E402
-from effect_ledger.crewai import EscalationFeedback, escalation_of, kickoff, ledger_tool  # noqa: E402
-from effect_ledger.demo.agent import write_declaration  # noqa: E402
-from effect_ledger.sdk import crashpoints  # noqa: E402
-from tests.integrations.gateway_http import post_refund  # noqa: E402
-
-RECEIPT = re.compile(r'receipt_id\W+(re_\w+)')
+RECEIPT = re.compile(r"receipt_id\W+(re_\w+)")
 
 
 class RefundModel(BaseLLM):

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import tests.integrations.crewai.app  # noqa: F401  (sets CrewAI's telemetry off before crewai is imported)
-
-import json  # noqa: I001
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
