@@ -50,24 +50,42 @@ and waits (checkpointed). ``answer(ledger, request, decision)`` records the pers
 Any other error of the ledger (uncertain, in progress, closed, conflict, no run id) stops the agent's
 run fail-closed (``MiddlewareFailure``, caused by the ledger's error): Agent Framework would otherwise
 hand an exception to the model as a tool error and let it call again.
+
+Writes made by workflow executors themselves (no model in between): ``ledger_step`` decorates the
+write; call it awaited in a handler with the handler's context, ``await refund(order, amount, ctx=ctx)``.
+Its key rule (NEVER CHANGE IT either)::
+
+    run_id = the workflow state's RUN_STATE ("effect_ledger.run_id"): set it with set_run(ctx, run_id)
+             in the start executor; the state is checkpointed, so a replayed superstep reads the same
+    step   = the step= given to the call, else the decorator's step=, else the function's name
+    key    = effect_key(target, operation, run_id, step, ledger namespace)
+
+(The executor's id is not readable from its context, and superstep numbers change on replay.) It
+returns the ``Confirmation`` and raises the ledger's errors; for an escalation, ``await
+ask_person(ledger, ctx, e)`` sends Agent Framework's ``request_info`` (the escalation dict) and the
+executor's ``@response_handler`` (``original_request: dict, response: dict``) calls ``record(ledger,
+original_request, response)`` and makes the call again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agent_framework import Content, FunctionInvocationContext, MiddlewareFailure, tool
+from agent_framework import Content, FunctionInvocationContext, MiddlewareFailure, WorkflowContext, tool
 from agent_framework.exceptions import UserInputRequiredException
 
 from effect_ledger.core.model import DecisionKind, State
 from effect_ledger.errors import EffectUncertain, InvalidEffect, LedgerError
-from effect_ledger.integrations.decisions import escalation, parse_decision
+from effect_ledger.integrations.decisions import PersonDecision, escalation, parse_decision
 from effect_ledger.sdk._wrap import keyed
+from effect_ledger.sdk.receipts import Confirmation
 from effect_ledger.sdk.sync import SyncLedger
 
 RUN_ID = "run_id"  # the key of function_invocation_kwargs that carries the run id
+RUN_STATE = "effect_ledger.run_id"  # the key of the workflow state that carries it for executors
 ESCALATION = "effect_ledger"  # the key of the approval request's additional_properties
 _CTX = "effect_ledger_ctx"  # the parameter through which Agent Framework hands the tool its context
 
@@ -161,13 +179,10 @@ def escalation_of(request: Any) -> dict[str, Any] | None:
     return dict(asked) if isinstance(asked, Mapping) else None
 
 
-def answer(ledger: SyncLedger, request: Content, decision: Any) -> Content:
-    """Record a person's decision (``decisions`` shape) on the escalation ``request`` carries, and
-    return the approval response to send back (approved unless the decision is abandon). A decision
-    already recorded (the effect is no longer ESCALATED: an answer sent again) is not recorded twice."""
-    asked = escalation_of(request)
-    if asked is None:
-        raise InvalidEffect("this request is not an effect-ledger escalation")
+def record(ledger: SyncLedger, asked: Mapping[str, Any], decision: Any) -> PersonDecision:
+    """Record a person's decision (``decisions`` shape) on the escalation ``asked`` (the dict of
+    ``decisions.escalation``) while the effect is still ESCALATED: an answer handed back again (a
+    response replayed from a checkpoint) is not recorded twice."""
     d = parse_decision(decision)
     key = str(asked["effect_id"])
     if d.effect_id is not None and d.effect_id != key:
@@ -175,7 +190,86 @@ def answer(ledger: SyncLedger, request: Content, decision: Any) -> Content:
     now = ledger.get(key)
     if now is not None and now.state is State.ESCALATED:
         ledger.decide(key, d.kind, by=d.by, reason=d.reason, receipt_id=d.receipt_id)
+    return d
+
+
+def answer(ledger: SyncLedger, request: Content, decision: Any) -> Content:
+    """Record a person's decision on the escalation an approval request carries and return the
+    approval response to send back (approved unless the decision is abandon)."""
+    asked = escalation_of(request)
+    if asked is None:
+        raise InvalidEffect("this request is not an effect-ledger escalation")
+    d = record(ledger, asked, decision)
     return request.to_function_approval_response(approved=d.kind is not DecisionKind.ABANDONED)
 
 
-__all__ = ["ledger_tool", "run_identity", "answer", "escalation_of", "RUN_ID", "ESCALATION"]
+def set_run(ctx: WorkflowContext[Any, Any], run_id: str) -> None:
+    """Name the workflow's run for ``ledger_step`` keys (in the workflow state, so it is checkpointed)."""
+    if not run_id:
+        raise InvalidEffect("set_run needs a run id")
+    ctx.set_state(RUN_STATE, run_id)
+
+
+def ledger_step(
+    ledger: SyncLedger,
+    *,
+    target: str,
+    operation: str | None = None,
+    step: str | None = None,
+    timeout: float | None = None,
+    key_arg: str = "idempotency_key",
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate the function that makes one external write from a workflow executor. The wrapper is
+    async and takes ``ctx=`` (the handler's ``WorkflowContext``) and ``step=`` on top; it returns the
+    ``Confirmation`` (see the executors' key rule in the module docstring)."""
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(op: str, request: dict[str, Any], call: Callable[[str], Any], **own: Any) -> Confirmation:
+            ctx = own["ctx"]
+            run_id = ctx.get_state(RUN_STATE) if ctx is not None else None
+            if not isinstance(run_id, str) or not run_id:
+                raise InvalidEffect(
+                    f"{fn.__name__} needs ctx= (the handler's WorkflowContext) in a workflow whose state names "
+                    "the run: set_run(ctx, run_id) in the start executor (the key is built from it)"
+                )
+            # The ledger's own thread makes the call: the workflow's event loop goes on meanwhile.
+            return await asyncio.to_thread(
+                ledger.execute,
+                target=target,
+                operation=op,
+                request=request,
+                call=call,
+                run_id=run_id,
+                step=own["step"] or step or fn.__name__,
+                timeout=timeout,
+            )
+
+        return keyed(fn, operation, key_arg, {"ctx": None, "step": None}, run)
+
+    return wrap
+
+
+async def ask_person(ledger: SyncLedger, ctx: WorkflowContext[Any, Any], escalated: EffectUncertain) -> None:
+    """Send the escalated effect to a person through ``ctx.request_info`` (the escalation dict; the
+    response is the decision dict). Anything but an escalation is raised again."""
+    if escalated.state != State.ESCALATED.value:
+        raise escalated
+    effect = ledger.get(escalated.effect_id)
+    if effect is None:  # cannot happen: an escalated effect is recorded; say so rather than guess
+        raise escalated
+    await ctx.request_info(escalation(effect, escalated.reason), dict)
+
+
+__all__ = [
+    "ledger_tool",
+    "run_identity",
+    "answer",
+    "escalation_of",
+    "ledger_step",
+    "set_run",
+    "ask_person",
+    "record",
+    "RUN_ID",
+    "RUN_STATE",
+    "ESCALATION",
+]
