@@ -91,8 +91,8 @@ test: venv venv-dbos venv-crewai venv-agent-framework
 # The CrewAI and Agent Framework crash trials, 20 each with and without the adapter (`make test` runs 3):
 # prints "<framework> with|without effect-ledger: N/20 trials refunded twice".
 test-frameworks-full: venv-crewai venv-agent-framework
-	@EFFECT_LEDGER_TRIALS=20 $(CREWAI_VENV)/bin/python -m pytest -s -k adapter tests/integrations/crewai/test_crewai_crash.py
-	@EFFECT_LEDGER_TRIALS=20 $(AGENT_FRAMEWORK_VENV)/bin/python -m pytest -s -k adapter tests/integrations/agent_framework/test_agent_framework_crash.py
+	@EFFECT_LEDGER_TRIALS=20 $(CREWAI_VENV)/bin/python -m pytest -s --timeout=1800 -k adapter tests/integrations/crewai/test_crewai_crash.py
+	@EFFECT_LEDGER_TRIALS=20 $(AGENT_FRAMEWORK_VENV)/bin/python -m pytest -s --timeout=1800 -k adapter tests/integrations/agent_framework/test_agent_framework_crash.py
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -189,6 +189,12 @@ def record(ledger: SyncLedger, asked: Mapping[str, Any], decision: Any) -> Perso
         raise InvalidEffect(f"the decision answers effect {d.effect_id}, but {key} is escalated")
     now = ledger.get(key)
     if now is not None and now.state is State.ESCALATED:
+        # An answer about an earlier attempt never decides a later escalation of the same effect.
+        if asked.get("attempt") not in (None, now.attempt):
+            raise InvalidEffect(
+                f"this answer is about attempt {asked['attempt']} of {key}, which is escalated again at "
+                f"attempt {now.attempt}: answer the new request"
+            )
         ledger.decide(key, d.kind, by=d.by, reason=d.reason, receipt_id=d.receipt_id)
     return d
 

@@ -227,6 +227,12 @@ def record_decision(ledger: SyncLedger, feedback: Any) -> bool:
     now = ledger.get(key)
     if now is None or now.state is not State.ESCALATED:
         return False
+    # An answer about an earlier attempt never decides a later escalation of the same effect.
+    if asked is not None and asked.get("effect_id") == key and asked.get("attempt") not in (None, now.attempt):
+        raise InvalidEffect(
+            f"this feedback is about attempt {asked['attempt']} of {key}, which is escalated again at "
+            f"attempt {now.attempt}: decide the new escalation"
+        )
     ledger.decide(key, decision.kind, by=decision.by, reason=decision.reason, receipt_id=decision.receipt_id)
     return True
 

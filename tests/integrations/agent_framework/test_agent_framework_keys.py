@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from agent_framework import Agent, FileCheckpointStorage, MiddlewareFailure
 
-from effect_ledger import InvalidEffect, SyncLedger, effect_key
-from effect_ledger.agent_framework import ledger_tool
+from effect_ledger import EffectUncertain, InvalidEffect, State, SyncLedger, Target, effect_key
+from effect_ledger.agent_framework import ledger_tool, record
 from effect_ledger.demo.agent import payments_target
 from effect_ledger.demo.gateway import Gateway
+from effect_ledger.integrations.decisions import escalation
 from tests.integrations.agent_framework.app import NAME, RefundModel, build
 from tests.integrations.gateway_http import post_refund
+from tests.sdk_contract import FakeClock
 
 
 @pytest.fixture
@@ -97,3 +99,34 @@ def test_a_run_without_a_run_id_stops_fail_closed(ledger: SyncLedger, gateway: G
         asyncio.run(agent.run("Refund order 123."))
     assert isinstance(failed.value.__cause__, InvalidEffect) and "run id" in str(failed.value.__cause__)
     assert gateway.refunds() == []
+
+
+def test_an_answer_about_an_earlier_attempt_decides_nothing(tmp_path: Path) -> None:
+    """Escalated, decided absent, made again, escalated again: the first request's answer, sent again,
+    must not decide the second escalation (it could send the refund a third time)."""
+    nobody = Target("payments", honours_keys=False)  # nobody can ask it: an unknown outcome escalates
+    clock = FakeClock()
+
+    def lost_reply(key: str) -> Any:
+        raise ConnectionError("connection reset")  # may or may not have been made
+
+    with SyncLedger.open(str(tmp_path / "effects.db"), targets=[nobody], clock=clock) as ledger:
+
+        def escalate() -> dict[str, Any]:
+            for _ in range(2):  # the lost reply, then the reconciliation that finds nobody to ask
+                with pytest.raises(EffectUncertain) as e:
+                    ledger.execute(target="payments", operation="refund.create", request={"o": 1},
+                                   call=lost_reply, run_id="r-1", step="refund")  # fmt: skip
+            effect = ledger.get(e.value.effect_id)
+            assert effect is not None and effect.state is State.ESCALATED
+            return escalation(effect, e.value.reason)
+
+        first = escalate()
+        clock.advance(60_000)  # "absent" is refused while attempt 1 could still land
+        record(ledger, first, {"decision": "absent", "by": "bob", "reason": "not seen"})
+        second = escalate()
+        assert (first["attempt"], second["attempt"]) == (1, 2)
+        with pytest.raises(InvalidEffect, match="attempt 1"):
+            record(ledger, first, {"decision": "absent", "by": "bob", "reason": "not seen"})
+        effect = ledger.get(second["effect_id"])
+        assert effect is not None and (effect.state, effect.attempt) == (State.ESCALATED, 2)
