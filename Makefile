@@ -7,11 +7,13 @@ PY := $(VENV)/bin/python
 DBOS_VENV := .venv-dbos
 OPENAI_AGENTS_VENV := .venv-openai-agents
 PYDANTIC_AI_VENV := .venv-pydantic-ai
+CREWAI_VENV := .venv-crewai
+AGENT_FRAMEWORK_VENV := .venv-agent-framework
 KAFKA_PORT ?= 9092
 export KAFKA_PORT
 PYTEST_ARGS ?=
 
-.PHONY: help venv venv-dbos venv-openai-agents venv-pydantic-ai test-agent-trials demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench chaos soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
+.PHONY: help venv venv-dbos venv-openai-agents venv-pydantic-ai venv-crewai venv-agent-framework test-agent-trials demo demo-kafka sim test test-unit test-integration test-secure test-cluster test-crash test-faults test-browser bench chaos soak lint schemas-check wheel kafka-fetch kafka-up kafka-down kafka-status clean
 
 help:
 	@echo "make demo               the refund story: a crash after the call, no double refund (no broker)"
@@ -24,7 +26,8 @@ help:
 	@echo "make test-crash         crash suite (kills real child processes)"
 	@echo "make test-faults        fault suite: one test per defect found by hostile probes"
 	@echo "make test-browser       the web console in headless chromium (installs chromium when missing)"
-	@echo "make test-agent-trials  the OpenAI Agents SDK and Pydantic AI crash trials, 20 each, with and without the ledger"
+	@echo "make test-agent-trials  each agent framework's crash trials (OpenAI Agents SDK, Pydantic AI, CrewAI, Agent"
+	@echo "                        Framework), 20 with and 20 without the ledger"
 	@echo "make bench              benchmarks: prints a table, writes bench-results.json"
 	@echo "make sim                the protocol simulator: seeds for 60 s on every core (SIM_ARGS=--help)"
 	@echo "make soak               10 minutes at 500 effects/s: two agent hosts, two workers, a reconciler, a worker"
@@ -73,6 +76,23 @@ $(PYDANTIC_AI_VENV)/.installed: pyproject.toml
 	@touch $@
 
 venv-pydantic-ai: $(PYDANTIC_AI_VENV)/.installed
+# CrewAI and Microsoft Agent Framework: an environment each (the base install with the extra and [dev]),
+# so that each adapter is tested with only its own framework installed.
+$(CREWAI_VENV)/.installed: pyproject.toml
+	@test -x $(CREWAI_VENV)/bin/python || $(PYTHON) -m venv $(CREWAI_VENV)
+	@$(CREWAI_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(CREWAI_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[crewai,dev]"
+	@touch $@
+
+venv-crewai: $(CREWAI_VENV)/.installed
+
+$(AGENT_FRAMEWORK_VENV)/.installed: pyproject.toml
+	@test -x $(AGENT_FRAMEWORK_VENV)/bin/python || $(PYTHON) -m venv $(AGENT_FRAMEWORK_VENV)
+	@$(AGENT_FRAMEWORK_VENV)/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(AGENT_FRAMEWORK_VENV)/bin/python -m pip install -q --disable-pip-version-check -e ".[agent-framework,dev]"
+	@touch $@
+
+venv-agent-framework: $(AGENT_FRAMEWORK_VENV)/.installed
 
 demo: venv
 	@$(VENV)/bin/effects demo
@@ -80,7 +100,7 @@ demo: venv
 demo-kafka: venv
 	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
 
-test: venv venv-dbos venv-openai-agents venv-pydantic-ai
+test: venv venv-dbos venv-openai-agents venv-pydantic-ai venv-crewai venv-agent-framework
 	@bash scripts/install-postgres.sh
 	@bash scripts/install-browser.sh
 	@bash scripts/install-faketime.sh
@@ -90,12 +110,16 @@ test: venv venv-dbos venv-openai-agents venv-pydantic-ai
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 	@$(OPENAI_AGENTS_VENV)/bin/python -m pytest tests/integrations/openai_agents
 	@$(PYDANTIC_AI_VENV)/bin/python -m pytest tests/integrations/pydantic_ai
+	@$(CREWAI_VENV)/bin/python -m pytest tests/integrations/crewai
+	@$(AGENT_FRAMEWORK_VENV)/bin/python -m pytest tests/integrations/agent_framework
 
-# Issue 38's proof at full length: each framework's crash scenario 20 times with the ledger and 20
-# times with a plain tool; prints one line per framework (`make test` runs 3 of each).
-test-agent-trials: venv-openai-agents venv-pydantic-ai
+# Issue 38's proof at full length: each agent framework's crash scenario 20 times with the ledger and
+# 20 times with a plain tool; one line per framework and way (`make test` runs 3 of each).
+test-agent-trials: venv-openai-agents venv-pydantic-ai venv-crewai venv-agent-framework
 	@EFFECT_LEDGER_TRIALS=20 $(OPENAI_AGENTS_VENV)/bin/python -m pytest -q -s tests/integrations/openai_agents -k trials
 	@EFFECT_LEDGER_TRIALS=20 $(PYDANTIC_AI_VENV)/bin/python -m pytest -q -s tests/integrations/pydantic_ai -k trials
+	@EFFECT_LEDGER_TRIALS=20 $(CREWAI_VENV)/bin/python -m pytest -s --timeout=1800 -k adapter tests/integrations/crewai/test_crewai_crash.py
+	@EFFECT_LEDGER_TRIALS=20 $(AGENT_FRAMEWORK_VENV)/bin/python -m pytest -s --timeout=1800 -k adapter tests/integrations/agent_framework/test_agent_framework_crash.py
 
 test-unit: venv
 	@$(PY) -m pytest tests/unit $(PYTEST_ARGS)
