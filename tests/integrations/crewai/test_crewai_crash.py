@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from effect_ledger import State, SyncLedger, effect_key
+from effect_ledger.core.effect import attempt_deadline
 from effect_ledger.demo.gateway import Gateway
 from effect_ledger.sdk import crashpoints
 from tests.integrations.gateway_http import run_child
@@ -38,6 +40,23 @@ def ledger_state(workdir: Path) -> State | None:
     with SyncLedger.open(str(workdir / "effects.db"), targets=str(workdir / "targets.toml")) as ledger:
         effect = ledger.get(KEY)
         return effect.state if effect else None
+
+
+def wait_until_it_can_no_longer_land(workdir: Path) -> None:
+    """A person's "absent" is refused while the escalated attempt's call may still land (its deadline
+    plus the target's lands_within): wait for that moment on the ledger's own figures, not on how
+    long a child process takes to start."""
+    from effect_ledger.targets.load import load_targets
+
+    [target] = [t for t in load_targets(workdir / "targets.toml") if t.name == "payments"]
+    with SyncLedger.open(str(workdir / "effects.db"), targets=str(workdir / "targets.toml")) as ledger:
+        effect = ledger.get(KEY)
+        assert effect is not None
+        until_ms = target.may_still_land_until_ms(attempt_deadline(effect, effect.attempt))
+    give_up = time.monotonic() + 60
+    while time.time_ns() // 1_000_000 <= until_ms:
+        assert time.monotonic() < give_up, f"the attempt may still land at {until_ms}"
+        time.sleep(0.05)
 
 
 def test_with_the_adapter_a_resumed_flow_refunds_once() -> None:
@@ -91,6 +110,7 @@ def test_a_person_who_finds_it_absent_has_it_made_once_more_with_the_same_key(no
     nobody.state.reset()  # the refund bounced: the gateway has no trace of it
     code, out = app(nobody, tmp_path, "resume", None)
     assert code == 0 and out["paused"] is not None
+    wait_until_it_can_no_longer_land(tmp_path)
     answer = {"decision": "absent", "by": "bob", "reason": "not in the dashboard"}
     code, out = app(nobody, tmp_path, "decide", None, json.dumps(answer))
     assert code == 0, out
