@@ -194,8 +194,16 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
             progress(f"fault {kind} not started: {e}")
             _wait_calls(world, 2)
             continue
+        hold = max(hold, fault.min_hold_s)
         progress(f"fault {i + 1}/{len(kinds)} {kind}: {fault.what} for {hold:.0f} s")
-        _wait_calls(world, hold)
+        if fault.later is not None:
+            delay, act, what = fault.later
+            _wait_calls(world, delay)
+            act()
+            progress(what)
+            _wait_calls(world, hold - delay)
+        else:
+            _wait_calls(world, hold)
         heal_at = time.monotonic()
         healed = fault.heal()
         windows.append(check.Window(kind, GROUP[kind], fault.what, start, heal_at, healed))
@@ -205,11 +213,12 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
     _wait_calls(world, 15)
     load_end = time.monotonic()
     world.stop_agents()
+    world.wait_takeovers()
     progress("agents stopped; draining")
     ops: list[check.Op] = []
     skipped = 0
-    for name in world.agents:
-        o, s = check.read_history(world.wd / f"history-{name}.jsonl")
+    for path in sorted(world.wd.glob("history-*.jsonl")):  # the agent hosts' and their successors'
+        o, s = check.read_history(path)
         ops += o
         skipped += s
     keys = {o.key for o in ops}

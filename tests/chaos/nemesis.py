@@ -16,12 +16,14 @@ Groups (the report's availability is per group and per kind):
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
 from tests.chaos import net
+from tests.chaos.takeover import unfinished
 from tests.chaos.world import World
 
 #: Every kind, in the order the short run takes them.
@@ -46,6 +48,10 @@ class Fault:
     kind: str
     what: str
     heal: Callable[[], str]
+    #: Something the fault does while it holds: (seconds after its start, action, what it did).
+    later: tuple[float, Callable[[], object], str] | None = None
+    #: The least the fault must hold for its point to be made.
+    min_hold_s: float = 0.0
 
 
 def leader_of(world: World, topic: str, partition: int = 0) -> int:
@@ -103,10 +109,24 @@ class Nemesis:
                 n = self.rng.choice(sorted(leaders)) if leaders else self.busy_leader()
             net.cluster("pause", str(n))
             return Fault(kind, f"SIGSTOP broker {n}", lambda: (net.cluster("resume", str(n)), f"broker {n} resumed")[1])
-        if kind in ("pause-worker", "zombie-agent"):
-            child = w.workers["w2"] if kind == "pause-worker" else w.agents["b"]
+        if kind == "pause-worker":
+            child = w.workers["w2"]
             child.pause()
             return Fault(kind, f"SIGSTOP {child.name}", lambda: (child.resume(), f"{child.name} resumed")[1])
+        if kind == "zombie-agent":
+            # Frozen past its calls' deadlines (and the time a call may still land after one), so the
+            # ledger times its attempts out and the reconcilers answer for them; then a successor
+            # takes its unfinished calls over while it is still frozen, and it wakes up.
+            child = w.agents["b"]
+            pending = w.wd / "history-b.jsonl"
+            end = time.monotonic() + 10  # frozen with calls in flight: as soon as one is started
+            while not unfinished(str(pending)) and time.monotonic() < end:
+                time.sleep(0.005)
+            child.pause()
+            after = w.timeout + 2.0 + 1.5  # the deadline, the default lands_within, the timer's grace
+            return Fault(kind, f"SIGSTOP {child.name}, its unfinished calls taken over", lambda: (child.resume(),
+                         f"{child.name} resumed")[1], later=(after, lambda: w.start_takeover("b"),
+                         "a successor takes over b's unfinished calls"), min_hold_s=after + 10)  # fmt: skip
         if kind in ("isolate-broker", "split-brokers"):
             n = self.busy_leader()
             side = net.BROKERS[n]

@@ -102,6 +102,7 @@ class World:
         self.agents: dict[str, Child] = {}
         self.incarnations: dict[str, int] = {}
         self.unexpected: list[str] = []  # children that exited on their own
+        self.takeovers: list[Child] = []  # one-shot successors of a frozen agent host
 
     def _py(self, *args: str) -> list[str]:
         return [sys.executable, *args]
@@ -179,6 +180,31 @@ class World:
             child.argv = self._agent_argv(child.name, self.incarnations[child.name])
         child.start(skew)
 
+    def start_takeover(self, victim: str) -> Child:
+        """A successor of agent host ``victim`` in the other host's namespace: it executes the calls
+        ``victim`` started and did not finish (``tests.chaos.takeover``), with a ledger file of its own."""
+        side = "a" if victim == "b" else "b"
+        n = len(self.takeovers)
+        name = f"t{n}"
+        argv = self._py("-m", "tests.chaos.takeover", "--history-of", str(self.wd / f"history-{victim}.jsonl"),
+                        "--db", str(self.wd / f"takeover-{n}.db"), "--history", str(self.wd / f"history-{name}.jsonl"),
+                        *self._kafka_args(), "--targets", str(self.targets), "--urls", json.dumps(self.urls),
+                        "--lookup", f"http://{net.addr('w1' if side == 'a' else 'w2')}:{WEB_PORT}", "--host", name,
+                        "--timeout", str(self.timeout))  # fmt: skip
+        env = {"EFFECTS_WEB_TOKEN": self.token, "PYTHONPATH": str(net.ROOT)}
+        child = Child(name, side, argv, self.wd / f"takeover-{n}.log", env, self.preload).start()
+        self.takeovers.append(child)
+        return child
+
+    def wait_takeovers(self, timeout: float = 120) -> None:
+        end = time.monotonic() + timeout
+        for t in self.takeovers:
+            if t.proc is not None:
+                try:
+                    t.proc.wait(max(1.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    t.stop()
+
     def children(self) -> list[Child]:
         return [*self.workers.values(), *([self.reconciler] if self.reconciler else []), *self.agents.values()]
 
@@ -187,7 +213,7 @@ class World:
             a.stop(60)
 
     def stop(self) -> None:
-        for c in self.children():
+        for c in [*self.takeovers, *self.children()]:
             c.stop()
         if self.dest is not None and self.dest.poll() is None:
             assert self.dest.stdin is not None
