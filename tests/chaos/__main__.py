@@ -224,7 +224,7 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
     keys = {o.key for o in ops}
     states = drain(world, keys, a.drain)
     refunds = world.refunds()
-    c = check.check(ops, skipped, refunds, states, windows)
+    c = check.check(ops, skipped, refunds, states, windows, set(world.agents))
     meta: dict[str, Any] = {
         "seed": seed, "short": a.short, "minutes": round((load_end - t0) / 60, 1), "rate": a.rate, "started": started,
         "replay": replay, "t0": t0, "partitions": a.partitions, "call_timeout_s": a.timeout,

@@ -101,7 +101,9 @@ def read_history(path: Path) -> tuple[list[Op], int]:
 
 
 def check(ops: list[Op], skipped: int, refunds: dict[str, list[dict[str, Any]]], states: dict[str, EffectState],
-          windows: list[Window], settle_s: float = 10.0) -> Checked:  # fmt: skip
+          windows: list[Window], hosts: set[str]) -> Checked:  # fmt: skip
+    """``hosts``: the agent hosts that run all along (availability and recovery are theirs; a zombie's
+    successor only runs while it holds)."""
     out = Checked(ops)
     an: dict[str, list[str]] = {k: [] for k in ("doubled", "lost", "acknowledged_missing", "wrong_verdict",
                                                  "claims_won_twice")}  # fmt: skip
@@ -155,7 +157,8 @@ def check(ops: list[Op], skipped: int, refunds: dict[str, list[dict[str, Any]]],
         "errors": dict(Counter(o.error for o in ops if o.error).most_common(12)),
         "anomalies": {k: len(v) for k, v in an.items()},
     }  # fmt: skip
-    out.faults = [availability(w, ops, settle_s) for w in windows]
+    steady = [o for o in ops if o.host in hosts]
+    out.faults = [availability(w, steady) for w in windows]
     return out
 
 
@@ -165,7 +168,7 @@ def completed(o: Op) -> bool:
     return o.kind == "ok" or (o.key.startswith("race.") and o.error == "EffectConflict")
 
 
-def availability(w: Window, ops: list[Op], settle_s: float) -> dict[str, Any]:
+def availability(w: Window, ops: list[Op]) -> dict[str, Any]:
     """The share of calls started while ``w`` held that ended with a receipt, and the time from the
     heal until every host that started calls afterwards had one end with a receipt."""
     during = [o for o in ops if w.start <= o.t < w.heal]
