@@ -32,7 +32,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from effect_ledger.core.model import State
 from effect_ledger.streams.admin import wait_ready
 from tests.chaos import check, net
 from tests.chaos.nemesis import GROUP, KINDS, Nemesis
@@ -246,7 +245,7 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
 def drain(world: World, keys: set[str], cap_s: float) -> dict[str, Any]:
     """Read effects.state until every key of the run is settled or escalated, or ``cap_s`` passed
     with no key settling; the final states."""
-    settled = {State.CONFIRMED, State.FAILED, State.ABSENT, State.ESCALATED, State.ABANDONED, State.COMPENSATED}
+    settled = check.SETTLED_OR_ESCALATED
     with TopicReader(world.cfg, world.cfg.topics.state) as reader:
         best, since = None, time.monotonic()
         while True:

@@ -42,7 +42,6 @@ from effect_ledger.errors import (
     EffectConflict,
     EffectInProgress,
     InvalidEffect,
-    LedgerError,
     LedgerUnavailable,
 )
 from effect_ledger.sdk.ledger import Ledger
@@ -77,6 +76,13 @@ def machine_monotonic() -> float:
 class History:
     def __init__(self, f: IO[str], host: str) -> None:
         self.f, self.host = f, host
+
+    def error(self, key: str, e: Exception) -> None:
+        """A call that ended in ``e``: ``fail`` when the ledger refused before any call of this caller,
+        else ``info`` (a ledger error after the call, or the call's own error, a gateway's 503: it may
+        have landed)."""
+        self.log("fail" if isinstance(e, REFUSED_BEFORE_CALL) else "info", key, error=type(e).__name__,
+                 why=str(e)[:200])  # fmt: skip
 
     def log(self, op: str, key: str, **more: Any) -> None:
         self.f.write(json.dumps({"t": round(machine_monotonic(), 4), "host": self.host, "op": op, "key": key, **more}))
@@ -118,12 +124,8 @@ async def run(a: argparse.Namespace) -> None:
                     )  # fmt: skip
                     value = c.value if isinstance(c.value, dict) else {}
                     h.log("ok", key, receipt=c.receipt_id, amount=value.get("amount"), called=c.called)
-                except REFUSED_BEFORE_CALL as e:
-                    h.log("fail", key, error=type(e).__name__, why=str(e)[:200])
-                except LedgerError as e:
-                    h.log("info", key, error=type(e).__name__, why=str(e)[:200])
-                except Exception as e:  # the call's own error (a gateway's 503): it may have landed
-                    h.log("info", key, error=type(e).__name__, why=str(e)[:200])
+                except Exception as e:
+                    h.error(key, e)
 
             n = 0
             t0 = time.monotonic()

@@ -28,8 +28,8 @@ from typing import Any
 
 from effect_ledger.core.model import OPEN_STATES, EffectState, State
 
-SETTLED_OR_ESCALATED = {State.CONFIRMED, State.FAILED, State.ABSENT, State.ESCALATED, State.ABANDONED,
-                        State.COMPENSATED}  # fmt: skip
+#: Where a run must leave every effect: settled, or with a person (every state but the open ones).
+SETTLED_OR_ESCALATED = frozenset(State) - OPEN_STATES
 
 
 @dataclass
@@ -135,8 +135,7 @@ def check(ops: list[Op], skipped: int, refunds: dict[str, list[dict[str, Any]]],
             elif dest:
                 an["wrong_verdict"].append(f"{key}: the destination made {len(dest)} refund(s), the ledger has none")
             continue
-        acknowledged = bool(oks) or any(o.kind == "info" for o in kops)
-        if st.state not in SETTLED_OR_ESCALATED and (acknowledged or st.state in OPEN_STATES):
+        if st.state in OPEN_STATES:  # acknowledged or not, an open effect after the drain is lost
             an["lost"].append(f"{key}: {st.state.value} after the drain ({[o.kind for o in kops]})")
         if oks and st.state is not State.CONFIRMED:
             an["lost"].append(f"{key}: a caller holds receipt {oks[0].receipt}, the ledger says {st.state.value}")

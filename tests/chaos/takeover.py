@@ -17,10 +17,10 @@ import json
 import time
 
 from effect_ledger.demo.client import GatewayClient
-from effect_ledger.errors import EffectInProgress, LedgerError, LedgerUnavailable
+from effect_ledger.errors import EffectInProgress, LedgerUnavailable
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
-from tests.chaos.agent import REFUSED_BEFORE_CALL, History
+from tests.chaos.agent import History
 
 
 def unfinished(path: str) -> list[dict[str, object]]:
@@ -68,17 +68,11 @@ async def run(a: argparse.Namespace) -> None:
                         return
                     except (EffectInProgress, LedgerUnavailable) as e:  # not ours yet: ask again
                         if time.monotonic() >= end:
-                            h.log("fail", key, error=type(e).__name__, why=str(e)[:200])
+                            h.error(key, e)
                             return
                         await asyncio.sleep(1.0)
-                    except REFUSED_BEFORE_CALL as e:
-                        h.log("fail", key, error=type(e).__name__, why=str(e)[:200])
-                        return
-                    except LedgerError as e:
-                        h.log("info", key, error=type(e).__name__, why=str(e)[:200])
-                        return
                     except Exception as e:
-                        h.log("info", key, error=type(e).__name__, why=str(e)[:200])
+                        h.error(key, e)
                         return
 
             await asyncio.gather(*(one(t) for t in todo))
