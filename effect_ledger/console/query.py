@@ -8,7 +8,7 @@ written into SQL."""
 
 from __future__ import annotations
 
-import shlex
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,6 +20,7 @@ DEFAULT_TO = "now"
 DEFAULT_STUCK = "10m"
 MAX_SEARCH_CHARS = 256
 MAX_TERMS = 8
+_WORD = re.compile(r'(?:[^\s"]+|"[^"]*")+')
 #: Names a term may use (``key`` is a prefix of the effect id; the others match exactly), beside
 #: the request fields the targets file declares searchable.
 TERM_NAMES = {
@@ -80,10 +81,11 @@ def parse_search(text: str, searchable: Searchable) -> tuple[Term, ...]:
         raise BadInput(f"a search is at most {MAX_SEARCH_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 or 0xD800 <= ord(c) <= 0xDFFF for c in text):
         raise BadInput("a search holds text only: no control characters")
-    try:
-        words = shlex.split(text)
-    except ValueError as e:  # an unbalanced quote
-        raise BadInput(f"the search could not be read: {e}") from None
+    if text.count('"') % 2:
+        raise BadInput('the search could not be read: a double quote (") is not closed')
+    # Words split on spaces; double quotes keep spaces in a value (step:"refund order 7"). Single
+    # quotes are text: a name such as o'brien is searched as written.
+    words = [w.replace('"', "") for w in _WORD.findall(text)]
     if len(words) > MAX_TERMS:
         raise BadInput(f"a search has at most {MAX_TERMS} terms")
     terms = []
