@@ -344,12 +344,22 @@ def effect_page(view: EffectView, searchable: Searchable, *, writable: bool, for
     ]
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in summary)
 
-    receipts = [
-        f"<tr><td>{escape(r.receipt_id)}</td><td>{escape(r.source.value)}</td><td>{r.attempt}</td>"
-        f"<td>{iso(r.at_ms)}</td><td>{_json_block(r.value)}</td></tr>"
-        for r in facts
-        if isinstance(r, Receipt)
-    ]
+    # Every way a receipt was recorded: the call's or a webhook's, a reconciler that found it, a person.
+    receipts = []
+    for f in facts:
+        if isinstance(f, Receipt):
+            got: tuple[str, str, str | None] | None = (f.receipt_id, f.source.value, f.value)
+        elif isinstance(f, Resolution) and f.receipt_id:
+            got = (f.receipt_id, f"reconciler {f.reconciler}", f.value)
+        elif isinstance(f, Decision) and f.decision is DecisionKind.CONFIRMED and f.receipt_id:
+            got = (f.receipt_id, f"person {f.by}", None)
+        else:
+            got = None
+        if got:
+            receipts.append(
+                f"<tr><td>{escape(got[0])}</td><td>{escape(got[1])}</td><td>{f.attempt}</td>"
+                f"<td>{iso(f.at_ms)}</td><td>{_json_block(got[2])}</td></tr>"
+            )
     execs = {(x.attempt): x for x in facts if isinstance(x, Executed)}
     attempts = []
     for i in (f for f in facts if isinstance(f, Intent)):
@@ -398,9 +408,9 @@ def effect_page(view: EffectView, searchable: Searchable, *, writable: bool, for
         )
         + "<h2>decisions by people</h2>"
         + _table("decisions", ("at", "decision", "by", "reason", "receipt id"), decisions, "no decision recorded")
+        + decide_form(t.key, e.state, writable=writable, form=form or {})
         + f"<h2>timeline</h2>{trace_page(t)}"
         + f"<h2>other effects of run {escape(run)}</h2>{siblings}{more}"
-        + decide_form(t.key, e.state, writable=writable, form=form or {})
     )
 
 
