@@ -7,9 +7,10 @@ on-call finds the refund of order 1001 with one search in the header, reads its 
 with the redacted field marked, the reconciler's answers, its run) and records a decision on it
 behind the confirmation step, refused without the right credentials (nothing written) and recorded
 with them (the operator shown), then goes back to the queue; an ABSENT decision on an attempt that
-may still land is refused. Every page at 1,280 px wide, and the decision made with JavaScript off. Each page is saved as a PNG to ``build/screenshots/``,
-or to ``$EFFECTS_SCREENSHOTS_DIR`` (``EFFECTS_SCREENSHOTS_DIR=docs/screenshots make test-browser``
-refreshes the README's pictures); a test run never rewrites tracked files. Under CI (``CI`` set) a
+may still land is refused, with JavaScript off. Every page at 1,280 px wide, none scrolling sideways.
+Each page is saved as a PNG to ``build/screenshots/``, or to ``$EFFECTS_SCREENSHOTS_DIR``
+(``EFFECTS_SCREENSHOTS_DIR=docs/screenshots make test-browser`` refreshes the pictures of
+``docs/guides/console.md``); a test run never rewrites tracked files. Under CI (``CI`` set) a
 missing browser is a failure, not a skip: ``make test`` installs it first."""
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def shot(driver: object, name: str) -> None:
     # The whole page, up to a bound, at 1,280 px: the view grows to the page's height for the picture.
     height = driver.execute_script("return document.documentElement.scrollHeight")  # type: ignore[attr-defined]
     metrics = {"width": 1280, "deviceScaleFactor": 1, "mobile": False}
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "height": min(max(800, height), 3000)})  # type: ignore[attr-defined]
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "height": min(max(800, height), 2000)})  # type: ignore[attr-defined]
     try:
         assert driver.save_screenshot(str(SHOTS / f"{name}.png"))  # type: ignore[attr-defined]
     finally:
