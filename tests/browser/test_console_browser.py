@@ -245,6 +245,7 @@ def test_an_on_call_finds_the_refund_of_an_order_and_decides_on_its_page(
     click_to_load(d, link)
     assert d.current_url.endswith("/effect/" + key.replace(":", "%3A"))  # type: ignore[attr-defined]
     assert text(d, "#effect-id") == key
+    assert d.find_elements(By.CSS_SELECTOR, "#effect-id + button.copy")  # type: ignore[attr-defined]
     request = text(d, "#request")
     assert 'order_id searchable "1001"' in request and "email redacted" in request and "4800" in request
     answers = text(d, "#answers")
