@@ -360,13 +360,15 @@ def effect_page(view: EffectView, searchable: Searchable, *, writable: bool, for
                 f"<tr><td>{escape(got[0])}</td><td>{escape(got[1])}</td><td>{f.attempt}</td>"
                 f"<td>{iso(f.at_ms)}</td><td>{_json_block(got[2])}</td></tr>"
             )
-    execs = {(x.attempt): x for x in facts if isinstance(x, Executed)}
+    execs = {x.attempt: x for x in facts if isinstance(x, Executed)}
     attempts = []
     for i in (f for f in facts if isinstance(f, Intent)):
         x = execs.get(i.attempt)
-        outcome = f"{x.outcome.value}" + (f": {x.error}" if x and x.error else "") if x else "no outcome recorded"
-        call = f"{max(0, x.call_ended_ms - x.call_started_ms)} ms" if x else "-"
-        gap = f"{max(0, x.at_ms - x.call_ended_ms)} ms" if x else "-"
+        outcome, call, gap = "no outcome recorded", "-", "-"
+        if x is not None:
+            outcome = x.outcome.value + (f": {x.error}" if x.error else "")
+            call = f"{max(0, x.call_ended_ms - x.call_started_ms)} ms"
+            gap = f"{max(0, x.at_ms - x.call_ended_ms)} ms"
         attempts.append(
             f"<tr><td>{i.attempt}</td><td>{iso(i.at_ms)}</td><td>{escape(i.worker)}</td><td>{iso(i.deadline_ms)}</td>"
             f"<td>{'yes' if i.keyed else 'no'}</td><td>{escape(outcome)}</td><td>{call}</td><td>{gap}</td></tr>"

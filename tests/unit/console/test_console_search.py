@@ -294,3 +294,23 @@ def test_a_confirmation_for_an_unknown_effect_is_a_404(fresh: tuple[str, Console
     url, ledger = fresh
     status, _page = call(url, "/confirm", {"key": "nobody", "decision": "ABANDONED", "reason": "r"}, form=True)
     assert status == 404
+
+
+def test_field_values_reads_what_is_recorded_only() -> None:
+    from effect_ledger.core.bodies import REDACTED, field_values
+
+    request = {
+        "order_id": 1001,
+        "paid": True,
+        "customer": {"id": "c-7", "email": REDACTED},
+        "lines": [{"sku": "a-1"}, {"sku": 2}, {"sku": None}, {"other": 1}],
+        "tags": ["x", "y"],
+    }
+    assert field_values(request, "order_id") == ["1001"]
+    assert field_values(request, "paid") == []  # a boolean is no id
+    assert field_values(request, "customer.id") == ["c-7"]
+    assert field_values(request, "customer.email") == []  # the redaction mark is no value
+    assert field_values(request, "lines.sku") == ["a-1", "2"]
+    assert field_values(request, "tags") == ["x", "y"]
+    assert field_values(request, "customer") == [] and field_values(request, "missing.path") == []
+    assert field_values("not an object", "order_id") == []
