@@ -19,7 +19,7 @@ from aiohttp import web
 from effect_ledger.console import pages
 from effect_ledger.console.auth import Credentials, Unauthorized
 from effect_ledger.console.query import BadInput, Query, parse_query
-from effect_ledger.console.source import Source
+from effect_ledger.console.source import Source, recorded_request
 from effect_ledger.core.model import DecisionKind
 from effect_ledger.core.timeparse import iso
 from effect_ledger.errors import DecisionRefused, LedgerError
@@ -279,6 +279,37 @@ async def api_trace(request: web.Request) -> web.Response:
     )
 
 
+async def api_effect(request: web.Request) -> web.Response:
+    """An effect's page as JSON: the summary, the request as recorded (``null`` when it is sealed),
+    every fact in the log's order and the other effects of its run."""
+    view = await _blocking(request.app[SOURCE].effect, request.match_info["effect_id"])
+    e = view.trace.effect
+    intent = e.first_intent or e.intent
+    facts = [{"kind": type(f).__name__, **_fact_json(f)} for f in e.facts]
+    return web.json_response(
+        {
+            "effect_id": view.trace.key,
+            "state": e.state.value,
+            "reason": e.reason,
+            "target": intent.target if intent else None,
+            "operation": intent.operation if intent else None,
+            "run_id": intent.run_id if intent else None,
+            "step": intent.step if intent else None,
+            "attempt": e.attempt,
+            "flags": [f.value for f in e.flags],
+            "request": recorded_request(intent.request) if intent else None,
+            "facts": facts,
+            "same_run": _rows_json(view.siblings),
+        }
+    )
+
+
+def _fact_json(fact: Any) -> dict[str, Any]:
+    """A fact's fields (its enums are ``StrEnum``: JSON strings as they are), the intent's request
+    left out: it is shown once, decoded, as ``request``."""
+    return {k: getattr(fact, k) for k in fact.__dataclass_fields__ if k != "request"}
+
+
 async def api_audit(request: web.Request) -> web.Response:
     q, now = _query(request)
     report = await _blocking(request.app[SOURCE].audit, q, now)
@@ -333,6 +364,7 @@ def make_app(source: Source, credentials: Credentials, *, guard_reads: bool = Fa
     app.router.add_get("/api/effects", api_effects)
     app.router.add_get("/api/stuck", api_stuck)
     app.router.add_get("/api/trace/{key}", api_trace)
+    app.router.add_get("/api/effect/{effect_id}", api_effect)
     app.router.add_get("/api/audit", api_audit)
     app.router.add_post("/api/resolve", api_resolve)
     app.router.add_static("/static/", STATIC)

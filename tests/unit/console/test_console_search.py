@@ -314,3 +314,14 @@ def test_field_values_reads_what_is_recorded_only() -> None:
     assert field_values(request, "tags") == ["x", "y"]
     assert field_values(request, "customer") == [] and field_values(request, "missing.path") == []
     assert field_values("not an object", "order_id") == []
+
+
+def test_an_effect_page_as_json(url: str, ledger: ConsoleLedger) -> None:
+    d = get_json(url, "/api/effect/" + urllib.parse.quote(ledger.escalated, safe=""))
+    assert d["state"] == "ESCALATED" and d["run_id"] == "run-9" and d["step"] == "refund-escalated"
+    assert d["request"] == {"amount": 4800, "currency": "EUR", "email": "effect_ledger.redacted", "order_id": "1001"}
+    assert [f["kind"] for f in d["facts"]] == ["Intent", "Timeout", "Resolution", "Resolution"]
+    assert [f["verdict"] for f in d["facts"] if f["kind"] == "Resolution"] == ["UNKNOWN", "ESCALATE"]
+    assert [r["effect_id"] for r in d["same_run"]] == [ledger.in_flight]
+    status, text = call(url, "/api/effect/nobody")
+    assert status == 404 and json.loads(text) == {"error": "no effect with key 'nobody'"}
