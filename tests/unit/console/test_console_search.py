@@ -325,3 +325,21 @@ def test_an_effect_page_as_json(url: str, ledger: ConsoleLedger) -> None:
     assert [r["effect_id"] for r in d["same_run"]] == [ledger.in_flight]
     status, text = call(url, "/api/effect/nobody")
     assert status == 404 and json.loads(text) == {"error": "no effect with key 'nobody'"}
+
+
+def test_a_console_with_a_redacted_field_declared_searchable_does_not_start(
+    ledger: ConsoleLedger, tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from effect_ledger.cli.main import main
+
+    bad = tmp_path / "targets.toml"
+    bad.write_text(TARGETS.replace('searchable = ["order_id"]', 'searchable = ["email"]'))
+    r = CliRunner().invoke(
+        main, ["console", "--db", str(ledger.path), "--targets", str(bad)], env={"EFFECTS_TARGETS": ""}
+    )
+    assert r.exit_code == 1
+    assert r.output.strip().splitlines() == [
+        f"effects: {bad}:6: target 'payments': 'email' cannot be searchable: its value is redacted ('email')"
+    ]
