@@ -343,3 +343,17 @@ def test_a_console_with_a_redacted_field_declared_searchable_does_not_start(
     assert r.output.strip().splitlines() == [
         f"effects: {bad}:6: target 'payments': 'email' cannot be searchable: its value is redacted ('email')"
     ]
+
+
+def test_an_effect_whose_receipt_came_before_its_intent_has_a_page(tmp_path: Path) -> None:
+    from effect_ledger.core.model import Receipt, ReceiptSource
+    from tests.ops_expected import write_ledger
+
+    key = "payments:" + "e" * 64
+    path = write_ledger(
+        tmp_path / "early.db", [Receipt("r1", key, now_ms(), 0, "re-early", ReceiptSource.WEBHOOK, "{}")]
+    )
+    with serve(source(path), CREDS) as base:
+        status, page = call(base, "/effect/" + urllib.parse.quote(key, safe=""))
+        assert status == 200 and "no intent recorded: the request is unknown" in page and "re-early" in page
+        assert '<p id="same-run">no other effect</p>' in page
