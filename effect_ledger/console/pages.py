@@ -188,7 +188,8 @@ def stuck_page(q: Query, rows: list[Row], queue: list[Escalation], now_ms: int, 
         answers = "".join(f"<li>{escape(a)}</li>" for a in it.answers) or "<li>none</li>"
         items.append(
             f'<div class="escalation" data-key="{escape(r.effect_id)}"><p>{_trace_link(r.effect_id)} '
-            f"{escape(r.target)} {escape(r.operation)} · {it.attempts} attempt(s) · since {iso(r.created_ms)} · "
+            f"{escape(r.target)} {escape(r.operation)} · run {escape(r.run_id)} · step {escape(r.step)} · "
+            f"{it.attempts} attempt(s) · since {iso(r.created_ms)} · "
             f'{escape(r.reason or "")}</p><ul class="answers">{answers}</ul>'
             f'<p><a class="decide" href="{effect_href(r.effect_id)}#decide">decide on its page</a></p></div>'
         )
