@@ -540,6 +540,7 @@ def _register_ops() -> None:
     from effect_ledger.cli.acl import acl_command
     from effect_ledger.cli.assess import assess_command
     from effect_ledger.cli.console import console_command
+    from effect_ledger.cli.init import init_command
     from effect_ledger.cli.mcp import mcp_proxy
     from effect_ledger.cli.ops import register
     from effect_ledger.cli.retention import register as register_retention
@@ -550,6 +551,7 @@ def _register_ops() -> None:
     main.add_command(assess_command)
     main.add_command(console_command)
     main.add_command(acl_command)
+    main.add_command(init_command)
 
 
 _register_ops()
