@@ -97,8 +97,9 @@ venv-agent-framework: $(AGENT_FRAMEWORK_VENV)/.installed
 demo: venv
 	@$(VENV)/bin/effects demo
 
+# KEEP=1 leaves the broker and the demo's topics up (effects demo --kafka --keep) for effects tail and replays.
 demo-kafka: venv
-	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
+	@KAFKA_KEEP=$(KEEP) bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka $(if $(filter 1,$(KEEP)),--keep)
 
 test: venv venv-dbos venv-openai-agents venv-pydantic-ai venv-crewai venv-agent-framework
 	@bash scripts/install-postgres.sh

@@ -108,16 +108,25 @@ def main(verbose: bool, broker_timeout: float | None, schema_registry: str | Non
 )
 @click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
 @bootstrap_option
-def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
-    """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
+@click.option(
+    "--db",
+    default="effects-demo.db",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="embedded: where the demo leaves its ledger file (a previous demo's file there is replaced)",
+)
+@click.option("--keep", is_flag=True, help="--kafka: leave the topics (and the broker) up for effects tail and replays")
+def demo(timeout: float, kafka: bool, bootstrap: str | None, db: str, keep: bool) -> None:
+    """The refund story: a crash after the call, no double refund (embedded: no broker needed). It
+    ends with three commands to try on what it recorded."""
     if kafka:
         require("processor", "demo --kafka")  # it starts a processor: say so before anything runs
         from effect_ledger.demo.story_kafka import run_kafka_demo
 
-        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10)))
+        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10), keep=keep))
     from effect_ledger.demo.story import run_demo
 
-    sys.exit(run_demo(console, timeout=timeout))
+    sys.exit(run_demo(console, timeout=timeout, keep=db))
 
 
 @main.group()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -116,9 +118,48 @@ async def _settle(console: Console, db: Path, targets: Path, timeout_s: float) -
     return states, key
 
 
-def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
+DEMO_DB = "effects-demo.db"  # where `effects demo` leaves its ledger: the current folder
+
+
+def keep_ledger(source: Path, dest: Path) -> None:
+    """Copy the demo's ledger file to ``dest`` whole or not at all: SQLite's online backup into a
+    temporary file beside it, then one rename over a previous demo's file. The copy uses a rollback
+    journal, and a previous file's ``-wal``/``-shm`` are removed first, so no stale write-ahead log
+    can be applied to the new file."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    src = sqlite3.connect(source)
+    try:
+        out = sqlite3.connect(tmp)
+        try:
+            src.backup(out)
+            out.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            out.close()
+    finally:
+        src.close()
+    for suffix in ("-wal", "-shm"):
+        dest.with_name(dest.name + suffix).unlink(missing_ok=True)
+    os.replace(tmp, dest)
+
+
+def next_steps(db: str, key: str, since_ms: int) -> list[str]:
+    """The three commands that open what the demo recorded, as a shell takes them."""
+    from effect_ledger.core.timeparse import iso
+
+    q = shlex.quote
+    return [
+        f"effects trace {q(key)} --db {q(db)}",
+        f"effects console --db {q(db)}",
+        f"effects audit --db {q(db)} --from {q(iso(since_ms))}",
+    ]
+
+
+def run_demo(console: Console | None = None, timeout: float = 2.0, keep: str = DEMO_DB) -> int:
     console = console or Console(highlight=False)
     started = time.monotonic()
+    # The window of the audit printed at the end: from a second before the first intent.
+    since_ms = time.time_ns() // 1_000_000 - 1000
     console.rule("[bold]effect-ledger demo: a refund, a crash, a restart")
     console.print(
         "An agent refunds order 123 (4,800 CNY) at a payment gateway. Its process is killed "
@@ -187,6 +228,15 @@ def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
         elapsed = time.monotonic() - started
         if ok:
             console.print(f"[green]One refund, recorded, reconciled, returned on restart.[/] ({elapsed:.1f} s)")
+            keep_ledger(led / "effects.db", Path(keep))
+            trace, serve, audit = next_steps(keep, key, since_ms)
+            console.print(f"\nThe ledger is left in [bold]{keep}[/]. Three things to try on it:")
+            console.print(f"  {trace}", soft_wrap=True)
+            console.print("      the effect's timeline: intent, deadline, the gateway's answer", soft_wrap=True)
+            console.print(f"  {serve}", soft_wrap=True)
+            console.print("      the web console on http://127.0.0.1:8080/ (Ctrl-C stops it)", soft_wrap=True)
+            console.print(f"  {audit}", soft_wrap=True)
+            console.print("      the checks over the demo's window: every one passes", soft_wrap=True)
             return 0
         console.print(
             f"[red]The demo did not go as told[/]: naive={len(naive_refunds)}, "
