@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
 INTERMEDIATE = {"PENDING", "EXECUTED", "UNCERTAIN", "ESCALATED"}
 
-# The on-call's queries over the sink's table (README, "The on-call's SQL"), exactly as run here.
+# The on-call's queries over the sink's table (docs/guides/oncall-sql.md), exactly as run here.
 SQL_UNCERTAIN_LAST_HOUR = (
     "SELECT effect_id FROM effects WHERE state = 'UNCERTAIN' AND updated_ms > (strftime('%s','now') - 3600) * 1000"
 )
