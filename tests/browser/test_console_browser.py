@@ -5,7 +5,7 @@ Over a real ledger file with known contents (``tests/console_ledger.py``): load 
 filter a window, open a trace, resolve an escalation without credentials (refused, nothing written)
 and with them (recorded, the operator shown). Each page is saved as a PNG to ``build/screenshots/``,
 or to ``$EFFECTS_SCREENSHOTS_DIR`` (``EFFECTS_SCREENSHOTS_DIR=docs/screenshots make test-browser``
-refreshes the README's pictures); a test run never rewrites tracked files. Under CI (``CI`` set) a
+refreshes the docs' pictures); a test run never rewrites tracked files. Under CI (``CI`` set) a
 missing browser is a failure, not a skip: ``make test`` installs it first."""
 
 from __future__ import annotations
