@@ -22,15 +22,16 @@ def starter_text() -> str:
 @click.command("init")
 @click.option(
     "--targets",
-    "path",
+    "targets_file",
     type=click.Path(dir_okay=False),
     default="targets.toml",
     show_default=True,
     help="the file to write; an existing file (or anything else at that path) is left as it is",
 )
-def init_command(path: str) -> None:
+def init_command(targets_file: str) -> None:
     """Write a starter targets declaration: one destination, ``payments``, that nothing can ask yet
     (an uncertain effect goes to a person), and the lines to say how to ask yours."""
+    path = targets_file
     text = starter_text().encode()
     try:
         # O_EXCL: the check and the creation are one step, so a file that appears meanwhile is not

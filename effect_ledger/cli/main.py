@@ -112,8 +112,9 @@ def main(verbose: bool, broker_timeout: float | None, schema_registry: str | Non
     "--db",
     default="effects-demo.db",
     show_default=True,
-    type=click.Path(dir_okay=False),
-    help="embedded: where the demo leaves its ledger file (a previous demo's file there is replaced)",
+    type=LedgerPath(),
+    help="embedded: where the demo leaves its ledger file (an earlier demo's file there is replaced; any "
+    "other file is refused and left as it is)",
 )
 @click.option("--keep", is_flag=True, help="--kafka: leave the topics (and the broker) up for effects tail and replays")
 def demo(timeout: float, kafka: bool, bootstrap: str | None, db: str, keep: bool) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -150,11 +151,42 @@ def test_the_printed_console_serves_the_effect(demo: tuple[Path, list[str]]) -> 
         proc.wait(timeout=30)
 
 
-def test_a_second_demo_replaces_the_first_ones_ledger(tmp_path: Path) -> None:
-    (tmp_path / "effects-demo.db").write_bytes(b"an older demo's file")
-    (tmp_path / "effects-demo.db-wal").write_bytes(b"a stale write-ahead log")
-    r = effects("demo", "--db", "effects-demo.db", cwd=tmp_path, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:]
+def test_a_second_demo_replaces_the_first_ones_ledger(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
+    first, _ = demo
+    shutil.copy(first / "effects-demo.db", tmp_path / "effects-demo.db")
+    (tmp_path / "effects-demo.db-wal").write_bytes(b"a stale write-ahead log")  # never applied to the new file
+    r = effects("demo", cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert not (tmp_path / "effects-demo.db-wal").exists()
     trace = next(ln.strip() for ln in r.stdout.splitlines() if ln.startswith("  effects trace"))
-    assert effects(*shlex.split(trace)[1:], cwd=tmp_path).returncode == 0
+    t = effects(*shlex.split(trace)[1:], cwd=tmp_path)
+    assert t.returncode == 0 and "state: CONFIRMED" in t.stdout, t.stderr
+
+
+@pytest.mark.parametrize("content", [b"my own notes\n", b""], ids=["a file of mine", "an empty file"])
+def test_the_demo_never_replaces_a_file_that_is_not_its_own(tmp_path: Path, content: bytes) -> None:
+    mine = tmp_path / "effects-demo.db"
+    mine.write_bytes(content)
+    r = effects("demo", cwd=tmp_path, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "effects: effects-demo.db is there and is not an earlier demo's ledger: effects demo replaces only its own file"
+    ]
+    assert "refund" not in r.stdout  # refused before anything ran
+    assert mine.read_bytes() == content and sorted(p.name for p in tmp_path.iterdir()) == ["effects-demo.db"]
+
+
+def test_the_demo_never_replaces_another_ledger(tmp_path: Path) -> None:
+    """A ledger of the README's example is a ledger, but not the demo's: refused, left as it was."""
+    other = tmp_path / "effects.db"
+    script = (
+        "from effect_ledger import SyncLedger, Target\n"
+        "with SyncLedger.open('effects.db', targets=[Target('payments')]) as l:\n"
+        "    l.execute(target='payments', operation='refund.create', run_id='o', step='s', request={},"
+        " call=lambda key: {'id': 'r1'})\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=tmp_path, check=True, timeout=60)
+    before = other.read_bytes()
+    r = effects("demo", "--db", "effects.db", cwd=tmp_path, timeout=60)
+    assert r.returncode == 1 and "not an earlier demo's ledger" in r.stderr
+    assert other.read_bytes() == before
