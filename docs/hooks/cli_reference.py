@@ -1,5 +1,7 @@
-"""MkDocs hook: the command-line reference page (``reference/cli.md``), generated at build time from
-the click commands themselves, so it can never disagree with ``effects --help``.
+"""MkDocs hook: the pages generated from the code when the site is built, so that they can never
+disagree with it: the command-line reference (``reference/cli.md``) from the click commands (what
+``effects --help`` says), and the table of metrics in ``reference/metrics.md`` from
+``effect_ledger.metrics.names.METRICS`` (at the marker ``METRICS_MARKER``).
 
 mkdocs.yml names this file under ``hooks:``; ``python docs/hooks/cli_reference.py`` prints the page."""
 
@@ -11,6 +13,8 @@ from typing import Any
 import click
 
 PAGE = "reference/cli.md"
+METRICS_PAGE = "reference/metrics.md"
+METRICS_MARKER = "<!-- the table of metrics: generated from effect_ledger/metrics/names.py when the site is built -->"
 
 
 def _option_row(p: click.Parameter, ctx: click.Context) -> str:
@@ -88,6 +92,16 @@ def on_files(files: Any, config: Any) -> Any:
 
     files.append(File.generated(config, PAGE, content=cli_markdown()))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    if page.file.src_uri != METRICS_PAGE:
+        return markdown
+    from effect_ledger.metrics.names import markdown_table
+
+    if METRICS_MARKER not in markdown:
+        raise ValueError(f"{METRICS_PAGE} lost its marker for the table of metrics")
+    return markdown.replace(METRICS_MARKER, markdown_table())
 
 
 if __name__ == "__main__":

@@ -164,7 +164,7 @@ def exported_names() -> set[str]:
 
 
 def markdown_table() -> str:
-    """The table of metrics in docs/reference/metrics.md, generated from ``METRICS``."""
+    """The table of metrics of docs/reference/metrics.md (put there when the site is built), from ``METRICS``."""
     rows = ["| metric | type | labels | exported by | meaning |", "|---|---|---|---|---|"]
     for name, (kind, labels, doc, who) in METRICS.items():
         rows.append(f"| `{name}` | {kind} | {', '.join(labels) or '-'} | {who} | {doc} |")
