@@ -6,6 +6,7 @@ reference is generated from the click commands during the build; every command m
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,13 @@ def test_the_site_builds_strict_with_every_command_on_the_cli_page(tmp_path: Pat
     for page in ("concepts/key-rule", "concepts/crash-matrix", "guides/kafka-mode", "reference/configuration",
                  "reference/metrics", "chaos", "soak/soak-report", "changelog"):  # fmt: skip
         assert (site / page / "index.html").is_file(), page
+
+
+def test_the_configuration_page_names_every_setting_of_a_target() -> None:
+    from effect_ledger.targets import load
+
+    page = (ROOT / "docs/reference/configuration.md").read_text()
+    table = page.split("## Every setting", 1)[1]
+    named = set(re.findall(r"^\| `([a-z_]+)` \|", table, re.M))
+    assert named == load._COMMON | load._HTTP
+    assert all(f"`{k}`" in table for k in load._BACKOFF)
