@@ -251,7 +251,7 @@ class Assessor:
                     self.retries_same_key += 1
                 else:
                     for k in (prev.key, c.key):
-                        if k is not None:
+                        if k is not None and not key_carries_time(k):  # those are counted already
                             self.key_changed.add(k)
                     self._example("key changed on retry", c, key=c.key)
             if prev.status != "error" and (prev.key is None or prev.key != c.key):

@@ -53,7 +53,7 @@ NOT_BUSINESS = frozenset(
 )  # fmt: skip
 _KEY_FIELDS = ("idempotency_key", "idempotencyKey", "idempotency-key", "Idempotency-Key")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
-_UNKNOWN = re.compile(r"time.?out|timed out|deadline|connect|reset|unavailable|eof|broken pipe|50[234]", re.I)
+UNKNOWN_ERROR = re.compile(r"time.?out|timed out|deadline|connect|reset|unavailable|eof|broken pipe|50[234]", re.I)
 
 
 @dataclass
@@ -197,7 +197,7 @@ def status_of(error: Any, http_status: Any = None, ended: bool = True) -> Status
     text = error if isinstance(error, str) else json.dumps(error, default=str)
     if isinstance(error, str) and error.lower() in ("pending", "started", "running", "in_progress"):
         return "pending"
-    return "unknown" if _UNKNOWN.search(text) else "error"
+    return "unknown" if UNKNOWN_ERROR.search(text) else "error"
 
 
 def segment(s: str) -> str:

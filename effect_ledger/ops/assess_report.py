@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from effect_ledger.errors import AssessError
-from effect_ledger.ops.assess_formats import segment
+from effect_ledger.ops.assess_formats import UNKNOWN_ERROR, segment
 
 # Field names whose values are structure, not data: kept as they are.
 KEEP = frozenset(
@@ -39,6 +39,8 @@ SECRET = frozenset(
     {"authorization", "proxy-authorization", "cookie", "set-cookie", "x-api-key", "api-key", "api_key", "apikey",
      "password", "secret", "token", "access_token", "refresh_token", "client_secret"}
 )  # fmt: skip
+# Error texts: only whether the outcome was unknown (a timeout, a dropped connection) survives.
+ERROR_FIELDS = frozenset({"error", "statusMessage", "status_message", "message", "exception.message"})
 URL_FIELDS = frozenset({"url", "uri", "http.url", "url.full", "path", "request.path", "url.path"})
 
 
@@ -70,6 +72,8 @@ class Redactor:
             return [self.redact(v, name) for v in value]
         if name in KEEP or value is None or isinstance(value, bool):
             return value
+        if name in ERROR_FIELDS and isinstance(value, str) and value:
+            return "timeout" if UNKNOWN_ERROR.search(value) else "error"
         if isinstance(value, str):
             if name in URL_FIELDS:
                 return self.url(value)
