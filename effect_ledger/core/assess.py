@@ -32,14 +32,16 @@ _EXAMPLES = 5
 
 # A key carries time when it holds an epoch in seconds or milliseconds, an ISO-like date, or is a
 # time-based UUID (v1, v6, v7): such a key changes when the same call is made again later.
-_EPOCH = re.compile(r"(?<!\d)1\d{9}(?:\d{3})?(?!\d)")
-_DATE = re.compile(r"(?<!\d)20\d\d-?[01]\d-?[0-3]\d(?:[T _-]?[0-2]\d:?[0-5]\d)?")
-_UUID_TIME = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[167][0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}", re.I)
+_TIME_IN_KEY = re.compile(
+    r"(?<!\d)1\d{9}(?:\d{3})?(?!\d)"  # epoch seconds or milliseconds
+    r"|(?<!\d)20\d\d-?[01]\d-?[0-3]\d"  # a date
+    r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[167][0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # a time-based UUID
+)
 
 
 def key_carries_time(key: str) -> bool:
     """Whether an idempotency key embeds a time (so a retry made later would carry another key)."""
-    return bool(_EPOCH.search(key) or _DATE.search(key) or _UUID_TIME.search(key))
+    return _TIME_IN_KEY.search(key) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +213,10 @@ class Assessor:
             self.ok_writes += 1
             t.ok += 1
             if duration is not None:
-                self.ok_durations.setdefault(c.tool, _Samples(self.samples, 2)).add(duration)
+                od = self.ok_durations.get(c.tool)
+                if od is None:
+                    od = self.ok_durations[c.tool] = _Samples(self.samples, 2)
+                od.add(duration)
         elif c.status in ("unknown", "pending"):
             self.unknown += 1
             t.unknown += 1
@@ -244,7 +249,9 @@ class Assessor:
             self.retries += 1
             t.retries += 1
             after = prev.end_ms if prev.end_ms is not None else prev.start_ms
-            self.delays.setdefault(c.tool, _Samples(self.samples, 3)).add(max(0, c.start_ms - after))
+            if c.tool not in self.delays:
+                self.delays[c.tool] = _Samples(self.samples, 3)
+            self.delays[c.tool].add(max(0, c.start_ms - after))
             if prev.key is not None or c.key is not None:
                 self.retries_keyed += 1
                 if prev.key == c.key:

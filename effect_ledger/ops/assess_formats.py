@@ -10,7 +10,6 @@ of their business fields, keys stay keys (compared, never printed raw).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -20,6 +19,18 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from effect_ledger.core.assess import Call, Status
+
+try:  # orjson sorts keys and serialises several times faster; json gives the same equalities
+    from orjson import OPT_NON_STR_KEYS, OPT_SORT_KEYS
+    from orjson import dumps as _dumps
+
+    _SORT: Any = OPT_SORT_KEYS | OPT_NON_STR_KEYS
+except ImportError:  # pragma: no cover - without the [assess] extra
+    _SORT = None
+
+    def _dumps(value: Any, option: Any = None) -> bytes:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
 
 FORMATS = ("otlp", "langsmith", "langfuse", "openai-agents", "http", "calls")
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -77,6 +88,9 @@ class Context:
     seen: Seen = field(default_factory=Seen)
     line: int = 0
 
+    def __post_init__(self) -> None:
+        self.resolver = Resolver(self.paths)
+
     def is_write(self, tool: str) -> bool:
         return not self.writes or tool in self.writes
 
@@ -107,14 +121,63 @@ def get(obj: Any, candidates: tuple[str, ...]) -> Any:
             if not isinstance(cur, dict):
                 cur = None
                 break
-            if part in cur:
-                cur = cur[part]
-            else:
-                lower = part.lower()
-                cur = next((v for k, v in cur.items() if isinstance(k, str) and k.lower() == lower), None)
+            nxt = cur.get(part)
+            if nxt is None:
+                nxt = _lowered(cur).get(part.lower())
+            cur = nxt
         if cur is not None:
             return cur
     return None
+
+
+class Resolver:
+    """``get`` for every field of one record at once: which candidate paths can match is worked out
+    once per set of top-level keys (logs repeat a handful of shapes), not per record."""
+
+    def __init__(self, paths: Mapping[str, tuple[str, ...]]) -> None:
+        self._paths = {f: [tuple(p.split(".")) for p in cands] for f, cands in paths.items()}
+        self._plans: dict[tuple[Any, ...], dict[str, list[tuple[str, tuple[str, ...]]]]] = {}
+
+    def fields(self, obj: dict[str, Any]) -> dict[str, Any]:
+        sig = tuple(obj)
+        plan = self._plans.get(sig)
+        if plan is None:
+            low = {k.lower(): k for k in obj if isinstance(k, str)}
+            plan = {
+                f: [
+                    (c[0] if c[0] in obj else low[c[0].lower()], c[1:])
+                    for c in cands
+                    if c[0] in obj or c[0].lower() in low
+                ]
+                for f, cands in self._paths.items()
+            }
+            if len(self._plans) < 4096:
+                self._plans[sig] = plan
+        out: dict[str, Any] = {}
+        for f, cands in plan.items():
+            for first, rest in cands:
+                cur = obj[first]
+                if rest:
+                    cur = get(cur, (".".join(rest),))
+                if cur is not None:
+                    out[f] = cur
+                    break
+        return out
+
+
+_LOWERED: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+
+
+def _lowered(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with lower-cased keys, made once per dict while it is the record being read."""
+    hit = _LOWERED.get(id(d))
+    if hit is not None and hit[0] is d:
+        return hit[1]
+    if len(_LOWERED) > 64:
+        _LOWERED.clear()  # the dicts of earlier records: never looked at again
+    low = {k.lower(): v for k, v in d.items() if isinstance(k, str)}
+    _LOWERED[id(d)] = (d, low)
+    return low
 
 
 def time_ms(value: Any) -> int | None:
@@ -140,7 +203,8 @@ def time_ms(value: Any) -> int | None:
 
 
 def _parsed(value: Any) -> Any:
-    if isinstance(value, str | bytes):
+    """A JSON object or array carried as text, parsed; anything else as it is."""
+    if isinstance(value, str | bytes) and value[:1] in ("{", "[", b"{", b"["):
         try:
             return json.loads(value)
         except ValueError:
@@ -152,19 +216,21 @@ def business(value: Any) -> Any:
     """The arguments without the fields that name an attempt (keys, request ids, timestamps)."""
     value = _parsed(value)
     if isinstance(value, dict):
-        return {k: business(v) for k, v in value.items() if str(k).lower() not in NOT_BUSINESS}
+        return {k: business(v) for k, v in value.items() if not (isinstance(k, str) and k.lower() in NOT_BUSINESS)}
     if isinstance(value, list):
         return [business(v) for v in value]
     return value
 
 
 def digest(value: Any) -> str:
-    """A short digest of canonical business arguments: equal arguments, equal digests."""
+    """A digest of canonical business arguments: equal arguments, equal digests. It only pairs calls
+    within one run (never stored, never compared across runs), so Python's keyed hash of the
+    canonical bytes is enough and costs a fraction of a cryptographic one."""
     try:
-        canonical = json.dumps(business(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        canonical = _dumps(business(value), option=_SORT)
     except (TypeError, ValueError):
-        canonical = repr(value)
-    return hashlib.blake2b(canonical.encode(), digest_size=12).hexdigest()
+        canonical = repr(value).encode()
+    return f"{hash(canonical) & 0xFFFFFFFFFFFFFFFF:x}"
 
 
 def key_in(args: Any) -> str | None:
@@ -371,47 +437,53 @@ def _str(v: Any) -> str | None:
 
 
 def read_calls(obj: dict[str, Any], ctx: Context) -> Iterator[Call]:
-    p = ctx.paths
-    m = get(obj, p["method"])
+    v = ctx.resolver.fields(obj)
+    m = v.get("method")
     method = m.upper() if isinstance(m, str) else None
-    start = time_ms(get(obj, p["time"]))
-    end = time_ms(get(obj, p["end"]))
-    dur = get(obj, p["duration"])
+    start = time_ms(v.get("time"))
+    end = time_ms(v.get("end"))
+    dur = v.get("duration")
     if end is None and start is not None and isinstance(dur, int | float) and not isinstance(dur, bool):
         # request_time and "duration" in nginx/caddy JSON logs are seconds; *_ms fields milliseconds
         ms = dur * 1000 if (isinstance(dur, float) and dur < 1000 and "duration_ms" not in obj) else dur
         end = start + int(ms)
-    raw_status = get(obj, p["status"])
-    http_status = (
-        raw_status if isinstance(raw_status, int) or (isinstance(raw_status, str) and raw_status.isdigit()) else None
-    )  # noqa: E501
-    error = None if http_status is not None else raw_status
+    raw_status = v.get("status")
+    is_code = isinstance(raw_status, int) or (isinstance(raw_status, str) and raw_status.isdigit())
+    http_status, error = (raw_status, None) if is_code else (None, raw_status)
     status: Status = status_of(error, http_status) if raw_status is not None else "ok"
-    intent = time_ms(get(obj, p["intent"]))
-    ctx.seen.intents |= intent is not None
-    ctx.seen.ends |= end is not None
-    ctx.seen.pending |= status == "pending"
-    key = get(obj, p["key"])
+    intent = time_ms(v.get("intent"))
+    seen = ctx.seen
+    if intent is not None:
+        seen.intents = True
+    if end is not None:
+        seen.ends = True
+    if status == "pending":
+        seen.pending = True
+    key = v.get("key")
     key = str(key) if key not in (None, "") else None
     if method in HTTP_METHODS:
-        named = http_tool(method, get(obj, p["url"]), get(obj, p["host"]), get(obj, p["path"]))
+        named = http_tool(method, v.get("url"), v.get("host"), v.get("path"))
         if named is not None:
-            ctx.seen.args = True
-            ctx.seen.keys |= key is not None or any(isinstance(get(obj, (h,)), dict)
-                                                    for h in ("headers", "request.headers", "request_headers"))  # fmt: skip
-            body = get(obj, p["arguments"])
+            seen.args = True
+            seen.keys |= key is not None or any(
+                isinstance(get(obj, (h,)), dict) for h in ("headers", "request.headers", "request_headers")
+            )
+            body = v.get("arguments")
             yield Call(named[0], start, end, status, method not in READ_METHODS, key,
                        digest([named[1], _parsed(body)]), None, intent, ctx.line)  # fmt: skip
             return
-    tool = get(obj, p["tool"])
+    tool = v.get("tool")
     if not isinstance(tool, str) or not tool:
         raise ValueError("no tool name (nor HTTP method and URL)")
-    args = get(obj, p["arguments"])
+    tool = tool[:200]
+    args = v.get("arguments")
     key = key or key_in(args)
-    ctx.seen.keys = True
-    ctx.seen.args |= args is not None
-    yield Call(tool[:200], start, end, status, ctx.is_write(tool[:200]), key,
-               None if args is None else digest(args), _str(get(obj, p["call_id"])), intent, ctx.line)  # fmt: skip
+    seen.keys = True
+    if args is not None:
+        seen.args = True
+    call_id = v.get("call_id")
+    yield Call(tool, start, end, status, ctx.is_write(tool), key, None if args is None else digest(args),
+               None if call_id in (None, "") else str(call_id), intent, ctx.line)  # fmt: skip
 
 
 READERS: dict[str, Callable[[dict[str, Any], Context], Iterator[Call]]] = {
