@@ -5,10 +5,12 @@ Readers (``effect_ledger.ops.assess_formats``) turn each format's records into :
 turn what it counted into the table. Every cell carries its numerator, denominator and criterion; a
 row whose data the log does not carry says what it needs instead of showing a zero.
 
-Memory is bounded by :data:`MAX_TRACKED` identities (the last attempt per logical call, per key and
-per business arguments: the oldest are forgotten first) and :data:`MAX_SAMPLES` durations per series
-(beyond it a seeded reservoir keeps a uniform sample; counts, the maximum and every numerator stay
-exact).
+Memory is bounded by the identities remembered (the last attempt per logical call, per key and per
+business arguments, for :data:`HORIZON_MS` of log time and at most :data:`MAX_TRACKED` of them: the
+oldest are forgotten first, and a stuck row counts as noticed only when followed up within the
+horizon), by :data:`MAX_SAMPLES` durations per series (beyond it a seeded reservoir keeps a uniform
+sample; counts, the maximum and every numerator stay exact), and by the started rows kept to decide
+which are stuck (at most :data:`MAX_TRACKED`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ Status = Literal["ok", "error", "unknown", "pending"]
 MAX_TRACKED = 1_000_000
 #: Durations kept per series for the percentiles (8 bytes each).
 MAX_SAMPLES = 1_000_000
+#: How long an attempt is remembered to pair a later one with it (a stuck row's follow-up, a retry):
+#: at least the duplicate window.
+HORIZON_MS = 6 * 3600 * 1000
 #: A row in an intermediate state longer than this is stuck (the issue's ten minutes).
 STUCK_MS = 10 * 60 * 1000
 DAY_MS = 86_400_000
@@ -179,8 +184,18 @@ class Assessor:
     def _remember(self, ident: tuple[str, str, str], call: Call) -> Call | None:
         prev = self._last.pop(ident, None)
         self._last[ident] = call
-        if len(self._last) > self.tracked:
-            self._last.popitem(last=False)
+        last = self._last
+        if call.start_ms is not None:
+            # the oldest first (a log is about in time order): what is older than the horizon can pair
+            # with nothing any more, so memory follows the calls of the last few hours, not the month
+            limit = call.start_ms - max(self.window_ms, HORIZON_MS)
+            while last:
+                first = next(iter(last.values()))
+                if first.start_ms is None or first.start_ms >= limit:
+                    break
+                last.popitem(last=False)
+        if len(last) > self.tracked:
+            last.popitem(last=False)
             self.forgotten += 1
         return prev
 
