@@ -20,7 +20,7 @@ import re
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 Status = Literal["ok", "error", "unknown", "pending"]
 #: Identities remembered to pair retries and duplicates (about 200 bytes each).
@@ -49,13 +49,13 @@ def key_carries_time(key: str) -> bool:
     return _TIME_IN_KEY.search(key) is not None
 
 
-@dataclass(frozen=True, slots=True)
-class Call:
+class Call(NamedTuple):
     """One attempt of a tool call or HTTP request, as any reader sees it.
 
     ``args`` is a digest of the business arguments (never the values); ``call_id`` names the logical
     call when the log has one (attempts sharing it are retries); ``intent_ms`` is when an intent was
-    recorded before the call, when the log carries intents at all."""
+    recorded before the call, when the log carries intents at all. A named tuple: one is made per
+    record read, several times faster than a frozen dataclass."""
 
     tool: str
     start_ms: int | None
