@@ -199,7 +199,8 @@ def html_report(
     out.append("</table><h2>The arithmetic</h2><table id=arithmetic>")
     for k, v in ar.items():
         if k != "verdict":
-            out.append(f"<tr><td>{e(k.replace('_', ' '))}</td><td class=n>{e(_fmt(v))}</td></tr>")
+            shown = f"{v:.2%}" if k == "share_in_window" else _fmt(v)
+            out.append(f"<tr><td>{e(k.replace('_', ' '))}</td><td class=n>{e(shown)}</td></tr>")
     out.append("</table><h2>Per tool</h2><table id=tools><tr>")
     cols = ["tool", "calls", "writes", "keyed", "ok", "unknown", "retries", "early_retries", "duplicates", "stuck"]
     out.append("".join(f"<th>{c.replace('_', ' ')}</th>" for c in cols) + "</tr>")
