@@ -168,7 +168,8 @@ def _print(report: dict[str, Any]) -> None:
     print_table(tools)
     bad = report["bad_lines"]
     reasons = ", ".join(f"{why}: {n}" for why, n in bad["by_reason"].items())
+    why = f" ({reasons})" if bad["count"] else ""
     out.print(
-        f"format {report['format']}; {report['lines']:,} lines, {bad['count']} bad{f' ({reasons})' if bad['count'] else ''}; "
+        f"format {report['format']}; {report['lines']:,} lines, {bad['count']} bad{why}; "
         f"{report['records_not_tool_calls']:,} records not tool calls"
     )

@@ -22,10 +22,19 @@ from effect_ledger.core.assess import MAX_TRACKED, Assessor, Carries, Costs, ari
 from effect_ledger.errors import AssessError
 from effect_ledger.ops.assess_formats import FIELDS, FORMATS, PREFILTER, READERS, Context, detect
 
-try:  # orjson parses JSON lines about twice as fast; the stdlib is the fallback (orjson is optional)
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - exercised where the [assess] extra is absent
-    from json import loads as _loads
+
+def _json_loads() -> Callable[[bytes], Any]:
+    """orjson parses JSON lines about twice as fast; the stdlib is the fallback (orjson is optional)."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - where the [assess] extra is absent
+        import json
+
+        return json.loads
+    return orjson.loads
+
+
+_loads = _json_loads()
 
 __all__ = ["AssessError", "FIELDS", "FORMATS", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "Result", "assess", "read_lines"]
 

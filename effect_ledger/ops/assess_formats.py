@@ -20,16 +20,18 @@ from urllib.parse import urlsplit
 
 from effect_ledger.core.assess import Call, Status
 
-try:  # orjson sorts keys and serialises several times faster; json gives the same equalities
-    from orjson import OPT_NON_STR_KEYS, OPT_SORT_KEYS
-    from orjson import dumps as _dumps
 
-    _SORT: Any = OPT_SORT_KEYS | OPT_NON_STR_KEYS
-except ImportError:  # pragma: no cover - without the [assess] extra
-    _SORT = None
+def _canonical_dumps() -> Callable[[Any], bytes]:
+    """orjson sorts keys and serialises several times faster; json gives the same equalities."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - without the [assess] extra
+        return lambda v: json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    option = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+    return lambda v: orjson.dumps(v, option=option)
 
-    def _dumps(value: Any, option: Any = None) -> bytes:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+_dumps = _canonical_dumps()
 
 
 FORMATS = ("otlp", "langsmith", "langfuse", "openai-agents", "http", "calls")
@@ -227,7 +229,7 @@ def digest(value: Any) -> str:
     within one run (never stored, never compared across runs), so Python's keyed hash of the
     canonical bytes is enough and costs a fraction of a cryptographic one."""
     try:
-        canonical = _dumps(business(value), option=_SORT)
+        canonical = _dumps(business(value))
     except (TypeError, ValueError):
         canonical = repr(value).encode()
     return f"{hash(canonical) & 0xFFFFFFFFFFFFFFFF:x}"
@@ -387,9 +389,8 @@ def read_langsmith(obj: dict[str, Any], ctx: Context) -> Iterator[Call]:
     tool = str(obj.get("name") or "?")[:200]
     inputs = obj.get("inputs")
     start, end = time_ms(obj.get("start_time")), time_ms(obj.get("end_time"))
-    extra = obj.get("extra") if isinstance(obj.get("extra"), dict) else {}
-    meta = extra.get("metadata") if isinstance(extra.get("metadata"), dict) else {}
-    call_id = meta.get("tool_call_id") or (inputs or {}).get("tool_call_id") if isinstance(inputs, dict) else None
+    meta = _dict(_dict(obj.get("extra")).get("metadata"))
+    call_id = meta.get("tool_call_id") or _dict(inputs).get("tool_call_id")
     ctx.seen.keys = ctx.seen.args = ctx.seen.pending = True
     ctx.seen.ends |= end is not None
     yield Call(tool, start, end, status_of(obj.get("error"), ended=end is not None), ctx.is_write(tool),
@@ -404,7 +405,7 @@ def read_langfuse(obj: dict[str, Any], ctx: Context) -> Iterator[Call]:
     tool = str(obj.get("name") or "?")[:200]
     start, end = time_ms(obj.get("startTime")), time_ms(obj.get("endTime"))
     error = obj.get("statusMessage") or "error" if obj.get("level") == "ERROR" else None
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    meta = _dict(obj.get("metadata"))
     ctx.seen.keys = ctx.seen.args = ctx.seen.pending = True
     ctx.seen.ends |= end is not None
     yield Call(tool, start, end, status_of(error, ended=end is not None), ctx.is_write(tool),
@@ -427,6 +428,10 @@ def read_agents(obj: dict[str, Any], ctx: Context) -> Iterator[Call]:
     args = data.get("input")
     yield Call(tool, start, end, status_of(error, ended=end is not None), ctx.is_write(tool), key_in(args),
                digest(args), line=ctx.line)  # fmt: skip
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
 
 
 def _str(v: Any) -> str | None:

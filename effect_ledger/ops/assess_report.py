@@ -167,8 +167,9 @@ def _histogram(series: dict[str, list[int]], title: str) -> str:
         for i in range(lo, hi + 1):
             bh = (h - pad) * counts[i] / top
             x = pad + ((i - lo) * len(buckets) + si) * bw
+            tip = f"<title>{html.escape(name)}: {counts[i]}</title>"
             parts.append(f'<rect x="{x:.1f}" y="{h - bh:.1f}" width="{bw * 0.9:.1f}" height="{bh:.1f}" '
-                         f'fill="{colours[si % 3]}"><title>{html.escape(name)}: {counts[i]}</title></rect>')  # fmt: skip
+                         f'fill="{colours[si % 3]}">{tip}</rect>')  # fmt: skip
         parts.append(f'<text x="{pad + si * 220}" y="16" fill="{colours[si % 3]}">{html.escape(name)}</text>')
     for i in range(lo, hi + 1, max(1, n // 10)):
         label = _ms(0 if i == 0 else 2 ** (i - 1))
@@ -215,7 +216,8 @@ def html_report(
     for kind, ex in report["examples"].items():
         for x in ex:
             out.append(
-                f"<tr><td>{e(kind)}</td><td class=n>{x['line']}</td><td>{e(x['tool'])}</td><td>{e(str(x.get('key', '-')))}</td></tr>"
+                f"<tr><td>{e(kind)}</td><td class=n>{x['line']}</td><td>{e(x['tool'])}</td>"
+                f"<td>{e(str(x.get('key', '-')))}</td></tr>"
             )
     out.append("</table></body></html>\n")
     return "\n".join(out)

@@ -29,8 +29,9 @@ def http_log() -> list[bytes]:
     t = datetime(2026, 10, 1, tzinfo=UTC)
 
     def req(s: float, method: str, url: str, status: int, **extra: Any) -> bytes:
+        headers = {"Authorization": "Bearer XYZ", **extra.pop("headers", {})}
         rec = {"ts": (t + timedelta(seconds=s)).isoformat(), "method": method, "url": url, "status": status,
-               "duration": 0.12, "request_headers": {"Authorization": "Bearer XYZ", **extra.pop("headers", {})}}  # fmt: skip
+               "duration": 0.12, "request_headers": headers}  # fmt: skip
         return json.dumps({**rec, **extra}).encode()
 
     cancel = "https://shop.example/v1/orders/{}/cancel?token=sk_live_SECRET123"

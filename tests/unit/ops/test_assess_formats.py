@@ -105,8 +105,9 @@ def calls_log(sc: Scenario, path: Path) -> None:
     """The plain calls layout: one JSON object per attempt."""
     with path.open("w") as fp:
         for a in sc.attempts:
+            status = "pending" if a.end_ms is None else (a.error or "ok")
             rec = {"ts": a.iso(a.start_ms), "end": a.iso(a.end_ms), "tool": a.tool, "call_id": a.call_id,
-                   "arguments": a.arguments(), "status": "pending" if a.end_ms is None else (a.error or "ok")}  # fmt: skip
+                   "arguments": a.arguments(), "status": status}  # fmt: skip
             fp.write(json.dumps(rec) + "\n")
 
 
