@@ -19,7 +19,9 @@ from effect_ledger.ops.assess_formats import FORMATS
 
 @click.command("assess")
 @click.argument("log", metavar="LOG")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None, help="the log's format [detected]")
+@click.option(
+    "--format", "fmt", type=click.Choice((*FORMATS, "ledger")), default=None, help="the log's format [detected]"
+)
 @click.option("--field", "fields", multiple=True, metavar="NAME=PATH", help="where a field is (dotted path)")
 @click.option("--writes", multiple=True, metavar="TOOL,...", help="the write tools [every tool call]")
 @click.option("--window", default="10m", show_default=True, help="same arguments within this long: a duplicate")
@@ -85,12 +87,23 @@ def assess_command(
             if obj is not None:  # a line that is not JSON (or too long) is left out: it may be anything
                 rfp.write(json.dumps(redactor.redact(obj), separators=(",", ":")).encode() + b"\n")
 
+    from effect_ledger.ops.assess_ledger import assess_ledger, is_ledger_file
+
+    ledger = fmt == "ledger" or (fmt is None and log != "-" and is_ledger_file(log))
+    if ledger and redact_file is not None:
+        for o in outputs:
+            o.abort()
+        fail("--redact reads a JSON-lines log, not a ledger file")
     try:
         pipe_hint = "not a regular file (give - to read a pipe)"
-        fp: BinaryIO = sys.stdin.buffer if log == "-" else open_regular(log, pipe_hint)
-        with fp:
-            lines = read_lines(fp, progress=_progress(fp, log))
-            result = assess(lines, fmt=fmt, paths=paths, writes=named, window_s=window_s, redact_to=redact_to)
+        if ledger:
+            open_regular(log, pipe_hint).close()  # the same refusals as a log (a FIFO, a device)
+            result = assess_ledger(log, writes=named, window_s=window_s)
+        else:
+            fp: BinaryIO = sys.stdin.buffer if log == "-" else open_regular(log, pipe_hint)
+            with fp:
+                lines = read_lines(fp, progress=_progress(fp, log))
+                result = assess(lines, fmt=fmt, paths=paths, writes=named, window_s=window_s, redact_to=redact_to)
         report = result.as_dict(costs, show_values=show_values)
         if html_file is not None:
             a = result.assessor

@@ -37,9 +37,10 @@ _EXAMPLES = 5
 
 # A key carries time when it holds an epoch in seconds or milliseconds, an ISO-like date, or is a
 # time-based UUID (v1, v6, v7): such a key changes when the same call is made again later.
+# Digit runs count only between non-alphanumerics, so a hex digest (an effect key) is not read as time.
 _TIME_IN_KEY = re.compile(
-    r"(?<!\d)1\d{9}(?:\d{3})?(?!\d)"  # epoch seconds or milliseconds
-    r"|(?<!\d)20\d\d-?[01]\d-?[0-3]\d"  # a date
+    r"(?<![0-9A-Za-z])1\d{9}(?:\d{3})?(?![0-9A-Za-z])"  # epoch seconds or milliseconds
+    r"|20\d\d-[01]\d-[0-3]\d|(?<![0-9A-Za-z])20\d\d[01]\d[0-3]\d"  # a date
     r"|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[167][0-9a-fA-F]{3}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"  # a time-based UUID
 )
 
@@ -278,7 +279,7 @@ class Assessor:
                     self._example("key changed on retry", c, key=c.key)
             if prev.status != "error" and (prev.key is None or prev.key != c.key):
                 self.retries_unsafe += 1
-        elif prev.status == "ok" and c.status == "ok" and not same_call:
+        elif prev.status == "ok" and c.status == "ok":  # a second success: it happened twice
             if prev.key is not None and prev.key == c.key:
                 return  # the destination saw the same key: it may have answered from its record
             self.duplicates += 1
