@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from effect_ledger.cli.main import main
 from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
-from tests.incident import DOUBLED, N, STUCK, UNCERTAIN, incident
+from tests.incident import DOUBLED, STUCK, UNCERTAIN, N, incident
 from tests.ops_expected import now_ms, write_ledger
 
 
