@@ -143,3 +143,55 @@ def test_redacted_log_gives_the_same_rows_and_no_values(tmp_path: Path) -> None:
     # keys become digests, so whether a key carries time cannot be seen any more; every other row stays
     keep = {r["id"]: r for r in report["rows"] if r["id"] != "derived"}
     assert {r["id"]: r for r in again["rows"] if r["id"] != "derived"} == keep
+
+
+def test_mcp_and_http_client_spans(tmp_path: Path) -> None:
+    """MCP ``tools/call`` spans (the key in ``params._meta``) and HTTP client spans (the key in the
+    ``Idempotency-Key`` request header attribute, the URL's query string never shown), from the SDK."""
+    from google.protobuf.json_format import MessageToJson
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.trace import SpanKind
+
+    log = tmp_path / "otlp.jsonl"
+
+    class FileExporter(SpanExporter):
+        def __init__(self) -> None:
+            self.fp = log.open("w")
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.fp.write(MessageToJson(encode_spans(spans), indent=None) + "\n")
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            self.fp.close()
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileExporter()))
+    tracer = provider.get_tracer("client")
+    t0 = 1_790_812_800_000_000_000
+    for n, (order, key) in enumerate([("A-1", "refund:A-1"), ("A-1", "refund:A-1"), ("A-2", None), ("A-2", None)]):
+        span = tracer.start_span("tools/call refund", kind=SpanKind.CLIENT, start_time=t0 + n * 10**9)
+        span.set_attribute("mcp.method.name", "tools/call")
+        span.set_attribute("gen_ai.tool.name", "refund")
+        span.set_attribute("jsonrpc.request.id", str(n))
+        span.set_attribute("mcp.request.params.arguments", json.dumps({"order": order}))
+        if key:
+            span.set_attribute("mcp.request.meta", json.dumps({"idempotencyKey": key}))
+        span.end(end_time=t0 + n * 10**9 + 50_000_000)
+    for n, status in enumerate([504, 200]):
+        span = tracer.start_span("POST", kind=SpanKind.CLIENT, start_time=t0 + (10 + n) * 10**9)
+        span.set_attribute("http.request.method", "POST")
+        span.set_attribute("url.full", "https://pay.example/v1/charges?api_key=sk_live_QUERYSECRET")
+        span.set_attribute("http.request.header.idempotency-key", ["ch-7"])
+        span.set_attribute("http.response.status_code", status)
+        span.end(end_time=t0 + (10 + n) * 10**9 + 100_000_000)
+    provider.shutdown()
+    report = run(log, "--writes", "refund,POST pay.example/v1/charges")
+    rows = {r["id"]: (r["numerator"], r["denominator"]) for r in report["rows"]}
+    assert rows["keyed"] == (4, 6)  # the two keyed MCP calls and both HTTP attempts
+    assert rows["duplicates"] == (1, 5)  # A-2 twice without a key; A-1 twice with its key is not one
+    assert rows["window"] == (1, 6) and rows["stable"] == (1, 1)  # the 504, retried with its key
+    assert {t["tool"] for t in report["tools"]} == {"refund", "POST pay.example/v1/charges"}
+    assert "QUERYSECRET" not in json.dumps(report)
