@@ -201,6 +201,8 @@ def assess(
                 _bad(result, n, str(e))
             except (TypeError, AttributeError, KeyError):
                 _bad(result, n, f"not a {result.format} record")
+            except RecursionError:  # arguments nested deeper than Python recurses (JSON inside JSON)
+                _bad(result, n, "nested too deep")
         else:
             continue
         _bad(result, n, "not a JSON object")

@@ -209,7 +209,7 @@ def _parsed(value: Any) -> Any:
     if isinstance(value, str | bytes) and value[:1] in ("{", "[", b"{", b"["):
         try:
             return json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return value
     return value
 

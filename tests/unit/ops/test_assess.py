@@ -202,3 +202,22 @@ def test_cli_log_that_is_not_a_regular_file_is_refused_at_once(what: str, tmp_pa
         pytest.fail(f"assess {path}: still running after 60 s")
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr == f"effects: cannot read {path}: not a regular file (give - to read a pipe)\n"
+
+
+def test_hostile_records_are_bad_lines_not_a_crash() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    lines = [
+        json.dumps({"tool": "refund", "arguments": deep}).encode(),  # JSON text nested past any limit
+        json.dumps({"tool": "refund", "arguments": json.loads("[" * 900 + "]" * 900)}).encode(),
+        b'{"tool": "refund", "ts": "not a time", "end": 1e400, "status": {"x": []}}',
+        json.dumps({"tool": ["not", "a", "name"]}).encode(),
+        json.dumps({"tool": "refund", "arguments": {"order": 1}}).encode(),
+    ]
+    report = assess(lines).as_dict(Costs())
+    assert report["lines"] == 5
+    assert report["bad_lines"]["by_reason"] == {
+        "nested too deep": 1,  # before: a RecursionError ended the run
+        "not JSON": 1,  # 1e400 is not a number JSON parsers accept
+        "no tool name (nor HTTP method and URL)": 1,
+    }
+    assert [(t["tool"], t["calls"]) for t in report["tools"]] == [("refund", 2)]  # the deep text is compared as text
