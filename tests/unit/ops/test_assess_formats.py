@@ -195,3 +195,14 @@ def test_mcp_and_http_client_spans(tmp_path: Path) -> None:
     assert rows["window"] == (1, 6) and rows["stable"] == (1, 1)  # the 504, retried with its key
     assert {t["tool"] for t in report["tools"]} == {"refund", "POST pay.example/v1/charges"}
     assert "QUERYSECRET" not in json.dumps(report)
+
+
+def test_keys_appear_only_with_show_values(tmp_path: Path) -> None:
+    sc = scenario()
+    log = tmp_path / "calls.jsonl"
+    calls_log(sc, log)
+    hidden, shown = run(log), run(log, "--show-values")
+    assert "tkt-" not in json.dumps(hidden)
+    keys = [e["key"] for e in shown["examples"]["key carries time"]]
+    assert len(keys) == 5 and all(k.startswith("tkt-") for k in keys)
+    assert shown["rows"] == hidden["rows"]
