@@ -174,3 +174,31 @@ def check(report: dict[str, Any], sc: Scenario) -> None:
     assert abs(ar["writes_per_month"] - exp["writes_per_month"]) < 1e-6
     assert abs(ar["duplicates_per_month"] - exp["duplicates_per_month"]) < 1e-6
     assert {t["tool"]: t["writes"] for t in report["tools"]} == exp["tools"]
+
+
+def ledger_incident(now_ms: int) -> tuple[list[Any], dict[str, tuple[Any, Any, str]]]:
+    """The known incident (``tests/incident.py``) plus one effect 25 minutes after its traffic (so its
+    stuck intents are over 10 minutes old), and the eight rows ``effects assess`` must give for it."""
+    from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
+    from tests.incident import DOUBLED, STUCK, UNCERTAIN, N, incident
+
+    inc = incident(now_ms)
+    t = inc.start_ms + 35 * 60 * 1000
+    later = [
+        Intent("i-late", "k-late", t, 1, "payments", "create", "default", "r", "s", "{}", "dl", t + 10_000, "w"),
+        Executed("x-late", "k-late", t + 50, 1, Outcome.OK, None, t + 1, t + 45, None, "w"),
+        Receipt("r-late", "k-late", t + 51, 1, "re-late", ReceiptSource.CALL, "{}"),
+    ]
+    writes = N + DOUBLED + 1  # a doubled effect has two attempts
+    ok = writes - STUCK - UNCERTAIN
+    rows = {
+        "keyed": (writes - 2 * DOUBLED, writes, "fail"),  # the naive producer's intents: no key handed over
+        "intent": (writes, writes, "pass"),
+        "stuck": (STUCK, writes, "fail"),
+        "stable": (0, 0, "no data"),
+        "derived": (writes - 2 * DOUBLED, writes - 2 * DOUBLED, "pass"),
+        "window": (STUCK + UNCERTAIN, writes, "fail"),
+        "rhythm": (0, 0, "no data"),
+        "duplicates": (DOUBLED, ok, "fail"),  # executed twice, both OK, without a key
+    }
+    return inc.events + later, rows

@@ -13,12 +13,14 @@ from typing import Any, BinaryIO
 import click
 
 from effect_ledger._files import open_regular
-from effect_ledger.cli._shared import fail
+from effect_ledger.cli._shared import fail, kafka_options
 from effect_ledger.ops.assess_formats import FORMATS
 
 
 @click.command("assess")
-@click.argument("log", metavar="LOG")
+@click.argument("log", metavar="LOG", required=False)
+@click.option("--topics", is_flag=True, help="assess the ledger's own Kafka topics instead of a LOG")
+@kafka_options
 @click.option(
     "--format", "fmt", type=click.Choice((*FORMATS, "ledger")), default=None, help="the log's format [detected]"
 )
@@ -36,7 +38,10 @@ from effect_ledger.ops.assess_formats import FORMATS
 @click.option("--hourly-cost", type=float, default=100.0, show_default=True, help="cost of an hour of work")
 @click.option("--fix-hours", type=float, default=80.0, show_default=True, help="the work of closing the gaps")
 def assess_command(
-    log: str,
+    log: str | None,
+    topics: bool,
+    bootstrap: str | None,
+    prefix: str | None,
     fmt: str | None,
     fields: tuple[str, ...],
     writes: tuple[str, ...],
@@ -58,6 +63,8 @@ def assess_command(
     from effect_ledger.ops.assess import assess, field_paths, read_lines
     from effect_ledger.ops.assess_report import NewFile, Redactor, html_report
 
+    if topics == (log is not None):
+        fail("give a LOG (or - for standard input), or --topics for the ledger's Kafka topics")
     for name, v in (("--minutes-per-duplicate", minutes_per_duplicate), ("--cost-per-duplicate", cost_per_duplicate),
                     ("--hourly-cost", hourly_cost), ("--fix-hours", fix_hours)):  # fmt: skip
         if not (v >= 0 and v < 1e12):
@@ -89,14 +96,19 @@ def assess_command(
 
     from effect_ledger.ops.assess_ledger import assess_ledger, is_ledger_file
 
-    ledger = fmt == "ledger" or (fmt is None and log != "-" and is_ledger_file(log))
+    if topics:
+        log = f"{prefix or 'effects.'}* topics"
+    assert log is not None
+    ledger = topics or fmt == "ledger" or (fmt is None and log != "-" and is_ledger_file(log))
     if ledger and redact_file is not None:
         for o in outputs:
             o.abort()
         fail("--redact reads a JSON-lines log, not a ledger file")
     try:
         pipe_hint = "not a regular file (give - to read a pipe)"
-        if ledger:
+        if topics:
+            result = assess_ledger(_replayed(bootstrap, prefix), writes=named, window_s=window_s)
+        elif ledger:
             open_regular(log, pipe_hint).close()  # the same refusals as a log (a FIFO, a device)
             result = assess_ledger(log, writes=named, window_s=window_s)
         else:
@@ -125,6 +137,18 @@ def assess_command(
         click.echo(json.dumps(report, indent=2))
         return
     _print(report)
+
+
+def _replayed(bootstrap: str | None, prefix: str | None) -> Any:
+    """Every event of the ledger's topics (a broker that does not answer: one line, exit 1)."""
+    from effect_ledger.cli._shared import kafka_config, ready
+    from effect_ledger.errors import LedgerError
+    from effect_ledger.ops.sources import SourceError, replay_events
+
+    try:
+        yield from replay_events(ready(kafka_config(bootstrap, prefix), 10.0), None)
+    except (LedgerError, SourceError) as e:
+        fail(str(e))
 
 
 def _progress(fp: BinaryIO, log: str) -> Any:

@@ -12,13 +12,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from effect_ledger.core.assess import MAX_TRACKED, Assessor, Call, Carries, Status
 from effect_ledger.core.model import Executed, Intent, Outcome, Timeout
 from effect_ledger.errors import AssessError
 from effect_ledger.ops.assess import Result
-from effect_ledger.ops.sources import SourceError, db_events
+from effect_ledger.ops.sources import Replayed, SourceError, db_events
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _STATUS: dict[Outcome, Status] = {Outcome.OK: "ok", Outcome.FAILED: "error", Outcome.UNKNOWN: "unknown"}
@@ -35,12 +34,13 @@ def is_ledger_file(path: str) -> bool:
         return False
 
 
-def ledger_calls(path: str | Path) -> Iterator[Call]:
-    """The attempts of a ledger file, each when it ends (started ones at the end)."""
+def ledger_calls(replayed: Iterable[Replayed]) -> Iterator[Call]:
+    """The attempts of a ledger's events (its file: ``db_events``; its topics: ``replay_events``),
+    each when it ends (started ones at the end)."""
     open_: dict[tuple[str, int], tuple[Intent, bool]] = {}  # (effect, attempt) -> (intent, timed out)
     n = 0
     try:
-        for r in db_events(path):
+        for r in replayed:
             e = r.event
             n += 1
             if isinstance(e, Intent):
@@ -63,14 +63,15 @@ def _call(i: Intent, start: int, end: int | None, status: Status, line: int) -> 
 
 
 def assess_ledger(
-    path: str, *, writes: Iterable[str] = (), window_s: float = 600.0, tracked: int = MAX_TRACKED
+    source: str | Iterable[Replayed], *, writes: Iterable[str] = (), window_s: float = 600.0, tracked: int = MAX_TRACKED
 ) -> Result:
-    """Assess an embedded ledger file (``writes``: the ``target.operation`` tools that are writes)."""
+    """Assess a ledger: an embedded ledger file's path, or replayed events (its Kafka topics);
+    ``writes``: the ``target.operation`` tools that are writes [all]."""
     named = frozenset(writes)
     a = Assessor(window_ms=int(window_s * 1000), tracked=tracked)
     a.carries = Carries(keys=True, args=True, ends=True, pending=True, intents=True)
     result = Result("ledger", a)
-    for c in ledger_calls(path):
+    for c in ledger_calls(db_events(source) if isinstance(source, str) else source):
         a.add(c if not named or c.tool in named else c._replace(write=False))
         result.lines += 1
     a.finish()
