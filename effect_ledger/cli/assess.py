@@ -133,6 +133,10 @@ def assess_command(
         for o in outputs:
             o.abort()
         fail(f"{log}: {e}")
+    except BaseException:  # a broker that failed mid-replay, Ctrl-C: no half-written output stays
+        for o in outputs:
+            o.abort()
+        raise
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return

@@ -221,3 +221,16 @@ def test_hostile_records_are_bad_lines_not_a_crash() -> None:
         "no tool name (nor HTTP method and URL)": 1,
     }
     assert [(t["tool"], t["calls"]) for t in report["tools"]] == [("refund", 2)]  # the deep text is compared as text
+
+
+def test_an_unreachable_broker_leaves_no_output(tmp_path: Path) -> None:
+    """``--topics`` with nothing listening: one line, exit 1, and the --html file never appears."""
+    from click.testing import CliRunner
+
+    from effect_ledger.cli.main import main
+
+    page = tmp_path / "report.html"
+    args = ["--broker-timeout", "1", "assess", "--topics", "--bootstrap", "127.0.0.1:1", "--html", str(page)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
