@@ -271,3 +271,8 @@ class TopicDrift(LedgerError):
 
 class OutputRefused(LedgerError):
     """Kafka refused a record of the processor's batch for good: the batch is not acknowledged."""
+
+
+class AssessError(LedgerError, ValueError):
+    """``effects assess`` cannot read the log as asked: a bad ``--field``/``--format``, a log over the
+    size bound, or an output file it will not write."""

@@ -1,77 +1,53 @@
-"""``effects assess LOG``: what a call log a team already has says about its external writes.
+"""``effects assess LOG``: the eight-row check of an execution log a team already has.
 
-Reads JSON lines of tool calls or HTTP requests and reports, per tool: calls, writes, the share of
-writes that carried an idempotency key, likely duplicates, and what the ledger would have caught.
+Reads the log once, streamed (:func:`read_lines`: lines up to :data:`MAX_LINE_BYTES`, at most
+``max_bytes`` in all), detects its format from the first record (or takes ``fmt``), turns each record
+into calls (``effect_ledger.ops.assess_formats``) and folds them in the pure
+:class:`effect_ledger.core.assess.Assessor`. Bad lines (not JSON, not an object, no tool, too long)
+are counted by reason, never fatal. With ``redact_to``, every line read is written there redacted
+(``effect_ledger.ops.assess_report.redact``) in the same pass.
 
-Each field is found at the first of its paths that is present (dotted paths into the JSON object;
-a key that differs only in case matches too, so ``headers.idempotency-key`` finds
-``Idempotency-Key``); ``--field NAME=PATH`` puts PATH first:
-
-* tool: ``tool``, ``tool_name``, ``params.name``, ``name``; without one, an HTTP request's tool is
-  ``METHOD host/path`` with id-like path segments (numbers, UUIDs, long tokens with digits) as ``{id}``
-* method: ``method``, ``http.method``, ``request.method``; url: ``url``, ``http.url``, ``request.url``
-  (or host: ``host``, ``request.host`` and path: ``path``, ``request.path``)
-* arguments: ``arguments``, ``args``, ``params.arguments``, ``input``, ``body``, ``request.body``
-  (a body that is JSON text is compared as JSON)
-* key: ``idempotency_key``, ``idempotencyKey``, ``params._meta.idempotencyKey``,
-  ``headers.idempotency-key``, ``request.headers.idempotency-key``
-* time: ``timestamp``, ``ts``, ``time``, ``@timestamp`` (ISO 8601, or epoch seconds or milliseconds)
-
-A write is an HTTP request whose method is not GET/HEAD/OPTIONS, or a call of a tool named by
-``writes`` (every tool call when none is named). Likely duplicates of a write: **same key**, a key
-already seen for that tool (the destination may have deduplicated it if it honours keys); **same
-arguments**, the same tool and canonical arguments as a call within ``window`` before it, without
-the same key (nothing could deduplicate it). The ledger would have caught both: with a stable key, a
-retry gets the recorded result and never reaches the destination.
-
-Bad lines (not JSON, not an object, no tool, over ``MAX_LINE_BYTES``) are counted by reason, never
-fatal. Memory grows with the number of distinct (tool, key) and (tool, arguments) pairs.
+Memory: one line at a time, plus the assessor's bounded tracking (``MAX_TRACKED`` identities,
+``MAX_SAMPLES`` durations per series; see ``effect_ledger.core.assess``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit
 
-MAX_LINE_BYTES = 1 << 20
-#: What one run reads at most: a log is a file someone has, and a wrong LOG (a device, ``-`` fed an
-#: endless stream) ends with an error instead of running, and growing, for ever.
-MAX_LOG_BYTES = 1 << 30
-FIELDS: dict[str, tuple[str, ...]] = {
-    "tool": ("tool", "tool_name", "params.name", "name"),
-    "method": ("method", "http.method", "request.method"),
-    "url": ("url", "http.url", "request.url"),
-    "host": ("host", "request.host"),
-    "path": ("path", "request.path"),
-    "arguments": ("arguments", "args", "params.arguments", "input", "body", "request.body"),
-    "key": (
-        "idempotency_key",
-        "idempotencyKey",
-        "params._meta.idempotencyKey",
-        "headers.idempotency-key",
-        "request.headers.idempotency-key",
-    ),
-    "time": ("timestamp", "ts", "time", "@timestamp"),
-}
-HTTP_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"})
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-_UUID = re.compile(r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")
+from effect_ledger.core.assess import MAX_TRACKED, Assessor, Carries, Costs, arithmetic, rows
+from effect_ledger.errors import AssessError
+from effect_ledger.ops.assess_formats import FIELDS, FORMATS, PREFILTER, READERS, Context, detect
+
+
+def _json_loads() -> Callable[[bytes], Any]:
+    """orjson parses JSON lines about twice as fast; the stdlib is the fallback (orjson is optional)."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - where the [assess] extra is absent
+        import json
+
+        return json.loads
+    return orjson.loads
+
+
+_loads = _json_loads()
+
+__all__ = ["AssessError", "FIELDS", "FORMATS", "MAX_LINE_BYTES", "MAX_LOG_BYTES", "Result", "assess", "read_lines"]
+
+#: The longest line read: an OTLP file exporter writes a whole export batch on one line.
+MAX_LINE_BYTES = 16 << 20
+#: What one run reads at most (about ten minutes at the measured speed): a wrong LOG (a device, ``-``
+#: fed an endless stream) ends with an error instead of running, and growing, for ever.
+MAX_LOG_BYTES = 64 << 30
 _EXAMPLES = 5
 
 
-class AssessError(ValueError):
-    """A field mapping the command cannot use, or a log over ``MAX_LOG_BYTES``."""
-
-
 def field_paths(overrides: Iterable[str]) -> dict[str, tuple[str, ...]]:
-    """The paths of each field, with ``NAME=PATH`` overrides tried first."""
+    """The paths of each field of the calls layout, with ``NAME=PATH`` overrides tried first."""
     paths = dict(FIELDS)
     for spec in overrides:
         name, sep, path = spec.partition("=")
@@ -81,268 +57,174 @@ def field_paths(overrides: Iterable[str]) -> dict[str, tuple[str, ...]]:
     return paths
 
 
-@dataclass
-class ToolStats:
-    """What one tool's calls show."""
-
-    tool: str
-    calls: int = 0
-    writes: int = 0
-    keyed: int = 0
-    dup_same_key: int = 0
-    dup_same_args: int = 0
-
-    @property
-    def keyed_share(self) -> float | None:
-        return self.keyed / self.writes if self.writes else None
-
-    @property
-    def ledger_would_catch(self) -> int:
-        return self.dup_same_key + self.dup_same_args
-
-    def as_dict(self) -> dict[str, Any]:
-        share = self.keyed_share
-        return {
-            "tool": self.tool,
-            "calls": self.calls,
-            "writes": self.writes,
-            "keyed": self.keyed,
-            "keyed_share": None if share is None else round(share, 4),
-            "dup_same_key": self.dup_same_key,
-            "dup_same_args": self.dup_same_args,
-            "ledger_would_catch": self.ledger_would_catch,
-        }
-
-
-@dataclass
-class Report:
-    """The assessment of one log."""
-
-    lines: int = 0
-    window_s: float = 600.0
-    all_tools_are_writes: bool = False
-    bad: Counter[str] = field(default_factory=Counter)
-    bad_examples: list[dict[str, Any]] = field(default_factory=list)
-    untimed_writes: int = 0
-    tools: dict[str, ToolStats] = field(default_factory=dict)
-
-    def total(self) -> ToolStats:
-        t = ToolStats("(all)")
-        for s in self.tools.values():
-            t.calls += s.calls
-            t.writes += s.writes
-            t.keyed += s.keyed
-            t.dup_same_key += s.dup_same_key
-            t.dup_same_args += s.dup_same_args
-        return t
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "lines": self.lines,
-            "window_s": self.window_s,
-            "all_tools_are_writes": self.all_tools_are_writes,
-            "bad_lines": {"count": sum(self.bad.values()), "by_reason": dict(self.bad), "examples": self.bad_examples},
-            "untimed_writes": self.untimed_writes,
-            "tools": [s.as_dict() for s in sorted(self.tools.values(), key=lambda s: (-s.writes, s.tool))],
-            "total": self.total().as_dict(),
-        }
-
-
-@dataclass(frozen=True)
-class _Write:
-    tool: str
-    key: str | None
-    args: str  # sha256 of the canonical arguments
-    at_ms: int | None
-    line: int
-
-
-def read_lines(fp: BinaryIO, limit: int = MAX_LINE_BYTES, max_bytes: int | None = None) -> Iterator[bytes | None]:
+def read_lines(
+    fp: BinaryIO,
+    limit: int = MAX_LINE_BYTES,
+    max_bytes: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[bytes | None]:
     """The lines of a binary file; ``None`` for a line over ``limit`` bytes (never held whole).
-    ``AssessError`` once more than ``max_bytes`` bytes (default ``MAX_LOG_BYTES``) were read."""
+    ``AssessError`` once more than ``max_bytes`` bytes (default ``MAX_LOG_BYTES``) were read;
+    ``progress`` gets the bytes read so far after each chunk."""
     if max_bytes is None:
         max_bytes = MAX_LOG_BYTES
     buf = bytearray()
     skipping = False
     total = 0
-    while chunk := fp.read(1 << 16):
+    while chunk := fp.read(1 << 20):
         total += len(chunk)
         if total > max_bytes:
             raise AssessError(f"more than {max_bytes} bytes: assess a part of the log (head -c {max_bytes} LOG | ...)")
+        if progress is not None:
+            progress(total)
         start = 0
-        while (nl := chunk.find(b"\n", start)) >= 0:
-            if skipping or len(buf) + nl - start > limit:
+        if buf or skipping:
+            nl = chunk.find(b"\n")
+            if nl < 0:
+                if not skipping:
+                    buf += chunk
+                    if len(buf) > limit:
+                        buf.clear()
+                        skipping = True
+                continue
+            if skipping or len(buf) + nl > limit:
                 yield None
             else:
-                yield bytes(buf + chunk[start:nl])
+                yield bytes(buf + chunk[:nl])
             buf.clear()
             skipping = False
             start = nl + 1
-        if not skipping:
-            buf += chunk[start:]
-            if len(buf) > limit:
-                buf.clear()
-                skipping = True
+        last = chunk.rfind(b"\n")
+        if last >= start:
+            # whole lines of the chunk: split at C speed, check the bound per line
+            for line in chunk[start:last].split(b"\n"):
+                yield line if len(line) <= limit else None
+            start = last + 1
+        rest = chunk[start:]
+        if len(rest) > limit:
+            skipping = True
+        else:
+            buf += rest
     if skipping:
         yield None
     elif buf:
         yield bytes(buf)
 
 
+@dataclass
+class Result:
+    """An assessment: the format read, the line counts and the folded calls."""
+
+    format: str | None
+    assessor: Assessor
+    lines: int = 0
+    bad: Counter[str] = field(default_factory=Counter)
+    bad_examples: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+
+    def as_dict(self, costs: Costs, show_values: bool = False) -> dict[str, Any]:
+        """The report as JSON: the eight rows, the arithmetic, the per-tool breakdown, examples."""
+        a = self.assessor
+        examples = {
+            kind: [e if show_values else {k: v for k, v in e.items() if k != "key"} for e in ex]
+            for kind, ex in a.examples.items()
+        }
+        return {
+            "format": self.format,
+            "lines": self.lines,
+            "bad_lines": {"count": sum(self.bad.values()), "by_reason": dict(self.bad), "examples": self.bad_examples},
+            "records_not_tool_calls": self.skipped,
+            "window_s": a.window_ms / 1000,
+            "log_days": a.span_days,
+            "rows": [r.as_dict() for r in rows(a)],
+            "arithmetic": arithmetic(a, costs),
+            "tools": [t.as_dict() for t in sorted(a.tools.values(), key=lambda t: (-t.writes, t.tool))],
+            "examples": examples,
+            "forgotten_identities": a.forgotten,
+        }
+
+
 def assess(
     lines: Iterable[bytes | None],
     *,
-    paths: Mapping[str, tuple[str, ...]] = FIELDS,
+    fmt: str | None = None,
+    paths: dict[str, tuple[str, ...]] | None = None,
     writes: Iterable[str] = (),
     window_s: float = 600.0,
-) -> Report:
-    """Assess the log ``lines`` (bytes, with or without the newline; ``None``: a line too long)."""
-    declared = frozenset(writes)
-    report = Report(window_s=window_s, all_tools_are_writes=not declared)
-    found: list[_Write] = []
-    for n, raw in enumerate(lines, 1):
-        report.lines = n
-        reason, rec = _record(raw, paths)
-        if rec is None:
-            report.bad[reason] += 1
-            if len(report.bad_examples) < _EXAMPLES:
-                report.bad_examples.append({"line": n, "reason": reason})
+    tracked: int = MAX_TRACKED,
+    redact_to: Callable[[bytes | None, Any], None] | None = None,
+) -> Result:
+    """Assess the log ``lines`` (bytes, with or without the newline; ``None``: a line too long).
+
+    ``fmt`` forces a format (one of :data:`FORMATS`); otherwise the first JSON object decides.
+    ``redact_to(raw, parsed)`` sees every line (parsed is ``None`` when it is not JSON)."""
+    if fmt is not None and fmt not in FORMATS:
+        raise AssessError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    ctx = Context(paths=paths or dict(FIELDS), writes=frozenset(writes))
+    a = Assessor(window_ms=int(window_s * 1000), tracked=tracked)
+    result = Result(fmt, a)
+    reader = READERS[fmt] if fmt else None
+    needle = PREFILTER.get(fmt) if fmt else None
+    n = 0
+    for n, raw in enumerate(lines, 1):  # noqa: B007 - n is the line count afterwards
+        ctx.line = n
+        if raw is None:
+            _bad(result, n, f"longer than {MAX_LINE_BYTES} bytes")
+            if redact_to is not None:
+                redact_to(None, None)
             continue
-        tool, is_http, method = rec["tool"], rec["http"], rec["method"]
-        stats = report.tools.setdefault(tool, ToolStats(tool))
-        stats.calls += 1
-        is_write = (method not in READ_METHODS) if is_http else (not declared or tool in declared)
-        if not is_write:
+        if needle is not None and needle not in raw and redact_to is None:
+            result.skipped += 1  # cannot be a tool call of this format: not parsed at all
             continue
-        stats.writes += 1
-        if rec["key"] is not None:
-            stats.keyed += 1
-        if rec["at_ms"] is None:
-            report.untimed_writes += 1
-        found.append(_Write(tool, rec["key"], rec["args"], rec["at_ms"], n))
-    _duplicates(found, report, int(window_s * 1000))
-    return report
-
-
-def _duplicates(found: list[_Write], report: Report, window_ms: int) -> None:
-    """Count likely duplicates, in time order (the log's order breaks ties and orders untimed lines)."""
-    found.sort(key=lambda w: (w.at_ms if w.at_ms is not None else -1, w.line))
-    keys: set[tuple[str, str]] = set()
-    last_by_args: dict[tuple[str, str], _Write] = {}
-    for w in found:
-        stats = report.tools[w.tool]
-        if w.key is not None and (w.tool, w.key) in keys:
-            stats.dup_same_key += 1
-        else:
-            prev = last_by_args.get((w.tool, w.args))
-            if prev is not None and _within(prev, w, window_ms):
-                stats.dup_same_args += 1
-        if w.key is not None:
-            keys.add((w.tool, w.key))
-        last_by_args[(w.tool, w.args)] = w
-
-
-def _within(prev: _Write, cur: _Write, window_ms: int) -> bool:
-    if prev.at_ms is None or cur.at_ms is None:
-        return False  # without times nothing says the two were close: not counted
-    return cur.at_ms - prev.at_ms <= window_ms
-
-
-def _record(raw: bytes | None, paths: Mapping[str, tuple[str, ...]]) -> tuple[str, dict[str, Any] | None]:
-    if raw is None or len(raw) > MAX_LINE_BYTES:
-        return f"longer than {MAX_LINE_BYTES} bytes", None
-    text = raw.strip()
-    if not text:
-        return "empty", None
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return "not JSON", None
-    if not isinstance(obj, dict):
-        return "not a JSON object", None
-    method_v = _get(obj, paths["method"])
-    method = method_v.upper() if isinstance(method_v, str) else None
-    is_http = method in HTTP_METHODS
-    # An HTTP request is named by its method and path template; a tool call by its tool field.
-    tool = _http_tool(obj, paths, method) if is_http else None
-    if not tool:
-        tool = _get(obj, paths["tool"])
-        tool = tool if isinstance(tool, str) else None
-    if not tool:
-        return "no tool name (nor HTTP method and URL)", None
-    key = _get(obj, paths["key"])
-    return "", {
-        "tool": tool[:200],
-        "http": is_http,
-        "method": method,
-        "key": str(key) if key not in (None, "") else None,
-        "args": _args_digest(_get(obj, paths["arguments"])),
-        "at_ms": _time_ms(_get(obj, paths["time"])),
-    }
-
-
-def _get(obj: Any, candidates: tuple[str, ...]) -> Any:
-    for path in candidates:
-        cur = obj
-        for part in path.split("."):
-            if not isinstance(cur, dict):
-                cur = None
-                break
-            if part in cur:
-                cur = cur[part]
-            else:
-                lower = part.lower()
-                cur = next((v for k, v in cur.items() if isinstance(k, str) and k.lower() == lower), None)
-        if cur is not None:
-            return cur
-    return None
-
-
-def _http_tool(obj: Any, paths: Mapping[str, tuple[str, ...]], method: str | None) -> str | None:
-    url = _get(obj, paths["url"])
-    host, path = _get(obj, paths["host"]), _get(obj, paths["path"])
-    if isinstance(url, str) and url:
-        parts = urlsplit(url)
-        host, path = parts.netloc or host, parts.path
-    if not isinstance(path, str) or not path:
-        return None
-    template = "/".join(_segment(s) for s in path.split("?")[0].split("/"))
-    return f"{method} {host if isinstance(host, str) else ''}{template}"
-
-
-def _segment(s: str) -> str:
-    if s.isdigit() or _UUID.match(s) or (len(s) >= 8 and any(c.isdigit() for c in s)):
-        return "{id}"
-    return s
-
-
-def _args_digest(value: Any) -> str:
-    if isinstance(value, str):
+        if not raw.strip():
+            _bad(result, n, "empty")
+            continue
         try:
-            value = json.loads(value)
+            obj = _loads(raw)
         except ValueError:
-            pass  # a body that is not JSON is compared as text
-    try:
-        canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError):
-        canonical = repr(value)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def _time_ms(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return int(value if value > 1e11 else value * 1000)  # milliseconds, or seconds
-    if isinstance(value, str) and value:
-        try:
-            t = datetime.fromisoformat(value)
-        except ValueError:
+            _bad(result, n, "not JSON")
+            if redact_to is not None:
+                redact_to(raw, None)
+            continue
+        if redact_to is not None:
+            redact_to(raw, obj)
+        for rec in _records(obj):
+            if reader is None:
+                found = detect(rec)
+                if found is None:
+                    break
+                result.format, reader, needle = found, READERS[found], PREFILTER.get(found)
             try:
-                return _time_ms(float(value))
-            except ValueError:
-                return None
-        if t.tzinfo is None:
-            t = t.replace(tzinfo=UTC)
-        return int(t.timestamp() * 1000)
-    return None
+                for call in reader(rec, ctx):
+                    a.add(call)
+            except ValueError as e:
+                _bad(result, n, str(e))
+            except (TypeError, AttributeError, KeyError):
+                _bad(result, n, f"not a {result.format} record")
+            except RecursionError:  # arguments nested deeper than Python recurses (JSON inside JSON)
+                _bad(result, n, "nested too deep")
+        else:
+            continue
+        _bad(result, n, "not a JSON object")
+    result.lines = n
+    result.skipped += ctx.seen.skipped
+    s = ctx.seen
+    a.carries = Carries(keys=s.keys, args=s.args, ends=s.ends, pending=s.pending, intents=s.intents)
+    a.finish()
+    return result
+
+
+def _records(obj: Any) -> Iterator[Any]:
+    """A record, the elements of an array on one line, or the ``data`` of an API page."""
+    if isinstance(obj, list):
+        yield from obj
+    elif isinstance(obj, dict) and isinstance(obj.get("data"), list) and "resourceSpans" not in obj:
+        yield from obj["data"]
+    else:
+        yield obj
+
+
+def _bad(result: Result, n: int, reason: str) -> None:
+    result.bad[reason] += 1
+    if len(result.bad_examples) < _EXAMPLES:
+        result.bad_examples.append({"line": n, "reason": reason})

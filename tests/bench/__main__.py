@@ -18,7 +18,7 @@ from rich.console import Console
 
 from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
-from tests.bench import audit, claims, detection, processor, relay, sdk, wal
+from tests.bench import assess, audit, claims, detection, processor, relay, sdk, wal
 from tests.bench.common import CPU_COUNT, ROOT, BenchResult, Context, Skip, disk_info
 from tests.bench.report import print_table, write_json
 
@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[Callable[[Context], BenchResult], bool]] = {
     "memory": (processor.run_memory, True),
     "claims": (claims.run, True),
     "takeover": (processor.run_takeover, True),
+    "assess_speed": (assess.run, False),
 }
 
 
