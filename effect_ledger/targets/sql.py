@@ -19,7 +19,8 @@ a key that only collates equal; a NULL id) is not in the expected shape and, by 
 table or SQLite file, is Unknown: the lookup never creates or changes anything (SQLite is opened
 read-only).
 
-``database`` is ``sqlite:///ABSOLUTE/PATH`` (the standard library's sqlite3) or
+``database`` is ``sqlite:////ABSOLUTE/PATH`` or ``sqlite:///RELATIVE/PATH`` (to the working
+directory of each process that reads the targets; the standard library's sqlite3) or
 ``postgresql://...`` (libpq's URL; psycopg, the ``[postgres]`` extra). Table and column names are
 plain SQL names (letters, digits, ``_``, at most 63, optionally ``schema.table``); a row holds at
 most ``MAX_COLUMNS`` columns of strings, numbers, booleans, NULL or bytes, ``MAX_ROW_BYTES`` in all.
@@ -32,6 +33,7 @@ import re
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -95,13 +97,13 @@ class SqlDestination:
                 _name(stock.quantity_column, "stock quantity_column"),
             )
         if database.startswith("sqlite:///"):
-            self._path = database[len("sqlite://") :]
+            self._path = Path(database[len("sqlite:///") :])
             self._postgres = False
         elif database.startswith(("postgresql://", "postgres://")):
-            self._path = ""
+            self._path = Path()
             self._postgres = True
         else:
-            raise ValueError(f"database {_redacted(database)!r}: give sqlite:///ABSOLUTE/PATH or postgresql://HOST/DB")
+            raise ValueError(f"database {_redacted(database)!r}: give sqlite:////ABSOLUTE/PATH or postgresql://HOST/DB")
         if not 0 < timeout <= 3600:
             raise ValueError("timeout must be from 0 to 3600 seconds")
         self.database = database
@@ -268,7 +270,7 @@ class _Connection:
             else:
                 # Read-only, and never created: a missing file is "cannot tell", not an empty database.
                 self._db = sqlite3.connect(
-                    f"file:{d._path}?mode=ro", uri=True, timeout=d.timeout_s, isolation_level=None
+                    d._path.absolute().as_uri() + "?mode=ro", uri=True, timeout=d.timeout_s, isolation_level=None
                 )
                 self._db.execute("BEGIN")
         db = self._db

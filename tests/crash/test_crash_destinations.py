@@ -1,0 +1,106 @@
+"""Every crash point x every built-in destination kind (issue 34): a real mail server (SMTP and
+IMAP, tests/mailserver.py), a SQLite file and a real PostgreSQL server; the agent
+(tests/crash/destination_agent.py) is killed with SIGKILL at each point of the crash matrix and
+started again, then the runner settles what is open.
+
+Each cell must end CONFIRMED with exactly one email (one in the customer's mailbox, one copy in the
+archive) or one row and one stock decrement, and the receipt must be the destination's own id: the
+Message-ID, the row's id. The cells after the destination accepted the call (after_call) are
+confirmed by the reconciler's lookup, which is what this file proves for each kind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from effect_ledger.core.keys import effect_key
+from effect_ledger.sdk import crashpoints
+from effect_ledger.targets.mail import message_id_for
+from tests.crash.destination_agent import OPERATION, STEP, TARGET
+from tests.crash.matrix import Cell, Run, table
+from tests.destinations import SqlDb, evidence, mail_count, mail_declaration, settle
+from tests.mailserver import MailServer
+
+KINDS = ("smtp", "sqlite", "postgresql")
+
+
+def agent(targets: Path, workdir: Path, kind: str, run_id: str, crash: str | None) -> int:
+    env = dict(os.environ)
+    env.pop(crashpoints.ENV, None)
+    if crash:
+        env[crashpoints.ENV] = crash
+    cmd = [sys.executable, "-m", "tests.crash.destination_agent", "--targets", str(targets), "--workdir", str(workdir)]
+    cmd += ["--kind", "smtp" if kind == "smtp" else "sql", "--run-id", run_id]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode not in (0, 3, 5, -signal.SIGKILL):
+        raise RuntimeError(f"agent crashed unexpectedly ({p.returncode}): {p.stderr[-3000:]}")
+    if p.returncode == 0:
+        json.loads(p.stdout.strip().splitlines()[-1])
+    return p.returncode
+
+
+@pytest.fixture(scope="module")
+def cells(mail_server: MailServer, postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Cell]]:
+    out: list[Cell] = []
+    receipts: dict[tuple[str, str], tuple[str | None, str]] = {}
+    for kind in KINDS:
+        for point in crashpoints.POINTS:
+            tmp = tmp_path_factory.mktemp(f"{kind}-{point}")
+            run_id = f"run-{uuid.uuid4().hex[:12]}"
+            target = TARGET["smtp" if kind == "smtp" else "sql"]
+            key = effect_key(target, OPERATION["smtp" if kind == "smtp" else "sql"], run_id, STEP)
+            db: SqlDb | None = None
+            if kind == "smtp":
+                text = mail_declaration(mail_server)
+            else:
+                db = SqlDb(f"sqlite:///{tmp}/shop.db" if kind == "sqlite" else postgres_url)
+                text = db.declaration()
+            targets = tmp / "targets.toml"
+            targets.write_text(text)
+            code = agent(targets, tmp, kind, run_id, point)
+            agent(targets, tmp, kind, run_id, None)
+            effect = asyncio.run(settle(tmp / "effects.db", targets, key))
+            if db is None:
+                delivered, copies = mail_count(mail_server, key)
+                made, own_id = (delivered if delivered == copies else -1), message_id_for(key, "shop.example.test")
+            else:
+                rows = db.rows(key)
+                made = len(rows) if db.on_hand() == 10 - 2 * len(rows) else -1
+                own_id = str(rows[0][0]) if rows else ""
+            state = effect.state.value if effect is not None else None
+            receipt = effect.receipt.receipt_id if effect is not None and effect.receipt is not None else None
+            receipts[(kind, point)] = (receipt, own_id)
+            lost = state != "CONFIRMED" or made != 1 or receipt != own_id
+            cell = Cell(point, kind)
+            cell.ledger.append(Run(code == -signal.SIGKILL, made, state, lost, evidence(effect) if effect else ""))
+            out.append(cell)
+    print("\n" + table(out))
+    yield out
+
+
+def test_every_crash_killed_the_agent(cells: list[Cell]) -> None:
+    assert [(c.point, c.kind) for c in cells if not all(r.crashed for r in c.ledger)] == []
+
+
+def test_exactly_one_effect_at_the_destination_and_confirmed_with_its_own_id(cells: list[Cell]) -> None:
+    wrong = {
+        (c.point, c.kind): [(r.state, r.refunds, r.evidence) for r in c.ledger] for c in cells if Cell.lost(c.ledger)
+    }
+    assert wrong == {}
+
+
+def test_the_lookup_confirmed_the_crash_after_the_destination_committed(cells: list[Cell]) -> None:
+    """after_call: the destination committed, the agent died before recording it; only the kind's
+    own lookup can have confirmed it (the restarted agent must not have called again)."""
+    for c in cells:
+        if c.point == crashpoints.AFTER_CALL:
+            assert all("FOUND" in r.evidence.upper() for r in c.ledger), f"{c.kind}: {c.ledger}"
