@@ -62,13 +62,16 @@ __all__ = [
 
 KEY_HEADER = "X-Effect-Key"
 MAX_MESSAGE_BYTES = 25 << 20  # what most providers accept for one message, attachments included
-MAX_RECIPIENTS = 100  # envelope recipients of one message
+MAX_RECIPIENTS = 100  # recipients of one message (To, Cc, Bcc), the copy's address not counted
 MAX_MATCHES = 1000  # UIDs in one search answer; more is not the answer to a search by a unique id
 MAX_KEY_BYTES = 512  # what X-Effect-Key carries (keys are much shorter: target:sha256)
 SENT_COPY = ("envelope", "server", "none")
 _DOMAIN = re.compile(
     r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$"
 )
+# Lines up to RFC 5322's hard limit: a Message-ID folded onto a continuation line is legal, but
+# some servers' HEADER search then misses it.
+_WIRE = email.policy.SMTP.clone(max_line_length=998)
 _MAILBOX = re.compile(r"^[\x20-\x7e]{1,200}$")
 
 
@@ -160,10 +163,10 @@ class MailDestination:
             raise DestinationError("the message has a Message-ID of its own; the effect key decides it")
         recipients = [a for _, a in getaddresses([str(v) for f in ("To", "Cc", "Bcc") for v in message.get_all(f, [])])]
         recipients = [a for a in recipients if a]
-        if self.sent_copy == "envelope" and self.copy_to is not None:
-            recipients.append(self.copy_to)
         if not recipients or len(recipients) > MAX_RECIPIENTS:
             raise DestinationError(f"a message goes to 1 to {MAX_RECIPIENTS} recipients, not {len(recipients)}")
+        if self.sent_copy == "envelope" and self.copy_to is not None:
+            recipients.append(self.copy_to)
         sender = [a for _, a in getaddresses([str(message.get("From", ""))]) if a]
         if len(sender) != 1:
             raise DestinationError("the message needs one From address")
@@ -173,7 +176,7 @@ class MailDestination:
         msg["Message-ID"] = message_id
         msg[KEY_HEADER] = key
         try:
-            data = msg.as_bytes(policy=email.policy.SMTP)
+            data = msg.as_bytes(policy=_WIRE)
         except (ValueError, TypeError, UnicodeError) as e:
             raise DestinationError(f"the message cannot be written: {e}") from None
         if len(data) > MAX_MESSAGE_BYTES:
