@@ -164,10 +164,10 @@ class DefiniteFailure(LedgerError):
     and nothing happened: the effect is recorded FAILED and a later call may execute again."""
 
 
-class DestinationError(LedgerError):
+class DestinationError(DefiniteFailure):
     """A built-in destination kind (``kind = "smtp"``, ``kind = "sql"``) refused to make a call before
     sending anything: a message over its size bound, a key or a value it cannot carry, a row whose
-    columns are not plain names. Nothing reached the destination."""
+    columns are not plain names. Nothing reached the destination, so the effect is FAILED."""
 
 
 class MailRejected(DefiniteFailure):

@@ -14,8 +14,10 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     definite_errors = ["myapp.gateway:RefundRejected"]   # "rejected, nothing happened"
     headers = { Authorization = "Bearer ${GATEWAY_TOKEN}" }   # ${VAR}: from the environment;
                                          # sent to the lookup URL's own origin only
-    redirects = "none"                   # "same-origin" follows redirects on the same host; a
-                                         # redirect elsewhere is never followed (Unknown)
+    redirects = "none"                   # "same-origin" follows redirects on the same host (to
+                                         # say what they answered); a redirect elsewhere is never
+                                         # followed; an answer after any redirect is Unknown
+                                         # (effect_ledger.targets.evidence)
     max_body = 262144                    # bytes of an answer read at most (default 256 KiB)
 
     [targets.tickets]
@@ -27,7 +29,10 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     redact = ["phone", "text"]           # "redact" these fields, "digest" only, or "encrypt"
                                          # with subject = "customer.id" (erasable: bodies.py)
 
-Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
+A built-in destination kind is its own lookup: ``kind = "smtp"`` (an email; IMAP search by
+Message-ID, ``effect_ledger.targets.mail``) or ``kind = "sql"`` (a row guarded by a unique key
+column, ``effect_ledger.targets.sql``); docs/guides/reconcilers-mail-sql.md has a complete example
+of each. Every other target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
 ``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
 default. A lookup may also set ``timeout``, ``found_status``, ``absent_status``, ``receipt_field``,
 ``state_field``, ``absent_values``, ``pending_values`` (see ``HttpReconciler``); any target may set
@@ -54,7 +59,7 @@ from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.core.keys import check_name
 from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
-from effect_ledger.errors import TargetsError
+from effect_ledger.errors import MissingExtra, TargetsError
 from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.targets.mail import MailDestination
@@ -378,6 +383,8 @@ def _sql(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) 
         kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
     try:
         return SqlDestination(_expanded(body, "database", fail), _string(body, "table", fail), **kwargs)
+    except MissingExtra as e:
+        raise fail(str(e), "database") from None
     except ValueError as e:
         where = next((f for f in ("stock", "key_column", "id_column", "table", "database") if f in str(e)), "")
         raise fail(str(e), where if where in body else None) from None

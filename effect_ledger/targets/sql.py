@@ -100,6 +100,10 @@ class SqlDestination:
             self._path = Path(database[len("sqlite:///") :])
             self._postgres = False
         elif database.startswith(("postgresql://", "postgres://")):
+            from effect_ledger._extras import require
+
+            # At declaration, not at the first call: a call that cannot even start would be uncertain.
+            require("postgres", f'target {name!r} (kind = "sql" on PostgreSQL)')
             self._path = Path()
             self._postgres = True
         else:
