@@ -18,6 +18,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,13 +34,15 @@ from tests.mailserver import MailServer
 KINDS = ("smtp", "sqlite", "postgresql")
 
 
-def agent(targets: Path, workdir: Path, kind: str, run_id: str, crash: str | None) -> int:
+def agent(
+    targets: Path, workdir: Path, kind: str, run_id: str, crash: str | None, mode: str = "ledger", order: str = "123"
+) -> int:
     env = dict(os.environ)
     env.pop(crashpoints.ENV, None)
     if crash:
         env[crashpoints.ENV] = crash
     cmd = [sys.executable, "-m", "tests.crash.destination_agent", "--targets", str(targets), "--workdir", str(workdir)]
-    cmd += ["--kind", "smtp" if kind == "smtp" else "sql", "--run-id", run_id]
+    cmd += ["--kind", "smtp" if kind == "smtp" else "sql", "--run-id", run_id, "--mode", mode, "--order", order]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     if p.returncode not in (0, 3, 5, -signal.SIGKILL):
         raise RuntimeError(f"agent crashed unexpectedly ({p.returncode}): {p.stderr[-3000:]}")
@@ -48,41 +51,73 @@ def agent(targets: Path, workdir: Path, kind: str, run_id: str, crash: str | Non
     return p.returncode
 
 
+def naive_run(kind: str, tmp: Path, mail_server: MailServer, postgres_url: str) -> Run:
+    """The usual way, killed after the destination committed and run again: how many it made."""
+    order = uuid.uuid4().hex[:12]
+    if kind == "smtp":
+        text, db = mail_declaration(mail_server), None
+    else:
+        db = SqlDb(f"sqlite:///{tmp}/shop.db" if kind == "sqlite" else postgres_url)
+        text = db.declaration()
+    targets = tmp / "targets.toml"
+    targets.write_text(text)
+    code = agent(targets, tmp, kind, "naive", crashpoints.AFTER_CALL, mode="naive", order=order)
+    agent(targets, tmp, kind, "naive", None, mode="naive", order=order)
+    if db is None:
+        made = len(
+            mail_server.messages(
+                "customer@example.test", password="customer@example.test", header="Subject", value=order
+            )
+        )
+    else:
+        made = len(db.sql(f"SELECT id FROM {db.table}"))
+        assert db.on_hand() == 10 - 2 * made
+    return Run(code == -signal.SIGKILL, made, None, False)
+
+
+def run_cell(kind: str, point: str, tmp: Path, naive_tmp: Path, mail_server: MailServer, postgres_url: str) -> Cell:
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    target = TARGET["smtp" if kind == "smtp" else "sql"]
+    key = effect_key(target, OPERATION["smtp" if kind == "smtp" else "sql"], run_id, STEP)
+    db: SqlDb | None = None
+    if kind == "smtp":
+        text = mail_declaration(mail_server)
+    else:
+        db = SqlDb(f"sqlite:///{tmp}/shop.db" if kind == "sqlite" else postgres_url)
+        text = db.declaration()
+    targets = tmp / "targets.toml"
+    targets.write_text(text)
+    code = agent(targets, tmp, kind, run_id, point)
+    agent(targets, tmp, kind, run_id, None)
+    effect = asyncio.run(settle(tmp / "effects.db", targets, key))
+    if db is None:
+        delivered, copies = mail_count(mail_server, key)
+        made, own_id = (delivered if delivered == copies else -1), message_id_for(key, "shop.example.test")
+    else:
+        rows = db.rows(key)
+        made = len(rows) if db.on_hand() == 10 - 2 * len(rows) else -1
+        own_id = str(rows[0][0]) if rows else ""
+    state = effect.state.value if effect is not None else None
+    receipt = effect.receipt.receipt_id if effect is not None and effect.receipt is not None else None
+    lost = state != "CONFIRMED" or made != 1 or receipt != own_id
+    cell = Cell(point, kind)
+    cell.ledger.append(Run(code == -signal.SIGKILL, made, state, lost, evidence(effect) if effect else ""))
+    if point == crashpoints.AFTER_CALL:
+        cell.naive.append(naive_run(kind, naive_tmp, mail_server, postgres_url))
+    return cell
+
+
 @pytest.fixture(scope="module")
 def cells(mail_server: MailServer, postgres_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Cell]]:
-    out: list[Cell] = []
-    receipts: dict[tuple[str, str], tuple[str | None, str]] = {}
-    for kind in KINDS:
-        for point in crashpoints.POINTS:
-            tmp = tmp_path_factory.mktemp(f"{kind}-{point}")
-            run_id = f"run-{uuid.uuid4().hex[:12]}"
-            target = TARGET["smtp" if kind == "smtp" else "sql"]
-            key = effect_key(target, OPERATION["smtp" if kind == "smtp" else "sql"], run_id, STEP)
-            db: SqlDb | None = None
-            if kind == "smtp":
-                text = mail_declaration(mail_server)
-            else:
-                db = SqlDb(f"sqlite:///{tmp}/shop.db" if kind == "sqlite" else postgres_url)
-                text = db.declaration()
-            targets = tmp / "targets.toml"
-            targets.write_text(text)
-            code = agent(targets, tmp, kind, run_id, point)
-            agent(targets, tmp, kind, run_id, None)
-            effect = asyncio.run(settle(tmp / "effects.db", targets, key))
-            if db is None:
-                delivered, copies = mail_count(mail_server, key)
-                made, own_id = (delivered if delivered == copies else -1), message_id_for(key, "shop.example.test")
-            else:
-                rows = db.rows(key)
-                made = len(rows) if db.on_hand() == 10 - 2 * len(rows) else -1
-                own_id = str(rows[0][0]) if rows else ""
-            state = effect.state.value if effect is not None else None
-            receipt = effect.receipt.receipt_id if effect is not None and effect.receipt is not None else None
-            receipts[(kind, point)] = (receipt, own_id)
-            lost = state != "CONFIRMED" or made != 1 or receipt != own_id
-            cell = Cell(point, kind)
-            cell.ledger.append(Run(code == -signal.SIGKILL, made, state, lost, evidence(effect) if effect else ""))
-            out.append(cell)
+    # Cells run side by side (each waits mostly on its child processes), as in tests/crash/matrix.py.
+    # Folders made here, not in the threads: tmp_path_factory is not thread-safe.
+    jobs = [
+        (kind, point, tmp_path_factory.mktemp(f"{kind}-{point}"), tmp_path_factory.mktemp(f"naive-{kind}-{point}"))
+        for kind in KINDS
+        for point in crashpoints.POINTS
+    ]
+    with ThreadPoolExecutor(3) as pool:
+        out = list(pool.map(lambda job: run_cell(*job, mail_server, postgres_url), jobs))
     print("\n" + table(out))
     yield out
 
@@ -96,6 +131,13 @@ def test_exactly_one_effect_at_the_destination_and_confirmed_with_its_own_id(cel
         (c.point, c.kind): [(r.state, r.refunds, r.evidence) for r in c.ledger] for c in cells if Cell.lost(c.ledger)
     }
     assert wrong == {}
+
+
+def test_the_usual_way_sends_or_takes_twice_after_the_call(cells: list[Cell]) -> None:
+    """The same destinations, with a fresh key per attempt and a checkpoint after the call: the
+    crash after the commit makes a second email or decrement (so this file can see a duplicate)."""
+    naive = {c.kind: [(r.crashed, r.refunds) for r in c.naive] for c in cells if c.naive}
+    assert naive == {kind: [(True, 2)] for kind in KINDS}
 
 
 def test_the_lookup_confirmed_the_crash_after_the_destination_committed(cells: list[Cell]) -> None:
