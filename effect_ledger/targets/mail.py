@@ -36,19 +36,19 @@ import asyncio
 import copy
 import email.policy
 import hashlib
-import imaplib
 import re
-import smtplib
-import ssl
 from email.message import EmailMessage
 from email.utils import getaddresses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
 from effect_ledger.errors import DestinationError, MailRejected
 from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S
 from effect_ledger.targets.evidence import Provenance, admit
+
+if TYPE_CHECKING:
+    import imaplib
 
 __all__ = [
     "KEY_HEADER",
@@ -184,6 +184,11 @@ class MailDestination:
         return sender[0], recipients, data
 
     def _submit(self, sender: str, recipients: list[str], data: bytes) -> dict[str, Any]:
+        # Imported here, not at the top: the targets declaration imports this module, and most programs
+        # that read it never send mail (the same reason http.py imports aiohttp late).
+        import smtplib
+        import ssl
+
         scheme, host, port = self._smtp
         cls = smtplib.SMTP_SSL if scheme == "smtps" else smtplib.SMTP
         with cls(host, port, timeout=self._timeout_s) as s:
@@ -233,6 +238,8 @@ class MailDestination:
         )
 
     def _search(self, message_id: str) -> tuple[list[str], dict[str, str]]:
+        import imaplib
+
         assert self._imap is not None
         scheme, host, port = self._imap
         if scheme == "imaps":
