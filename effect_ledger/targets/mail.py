@@ -150,7 +150,8 @@ class MailDestination:
         server refused it permanently. Any other failure leaves the outcome unknown."""
         message_id = message_id_for(key, self.id_domain)
         sender, recipients, data = self._prepare(key, message, message_id)
-        refused = await asyncio.to_thread(self._submit, sender, recipients, data)
+        copy = self.copy_to if self.sent_copy == "envelope" else None
+        refused = await asyncio.to_thread(self._submit, sender, recipients, copy, data)
         return {"id": message_id, "refused": refused}
 
     def _prepare(self, key: str, message: EmailMessage, message_id: str) -> tuple[str, list[str], bytes]:
@@ -165,8 +166,6 @@ class MailDestination:
         recipients = [a for a in recipients if a]
         if not recipients or len(recipients) > MAX_RECIPIENTS:
             raise DestinationError(f"a message goes to 1 to {MAX_RECIPIENTS} recipients, not {len(recipients)}")
-        if self.sent_copy == "envelope" and self.copy_to is not None:
-            recipients.append(self.copy_to)
         sender = [a for _, a in getaddresses([str(message.get("From", ""))]) if a]
         if len(sender) != 1:
             raise DestinationError("the message needs one From address")
@@ -183,7 +182,9 @@ class MailDestination:
             raise DestinationError(f"the message is {len(data)} bytes; at most {MAX_MESSAGE_BYTES} are sent")
         return sender[0], recipients, data
 
-    def _submit(self, sender: str, recipients: list[str], data: bytes) -> dict[str, Any]:
+    def _submit(self, sender: str, recipients: list[str], copy: str | None, data: bytes) -> dict[str, Any]:
+        """One SMTP transaction. The copy's address is the first RCPT: if the server refuses it,
+        nothing is sent (RSET before DATA)."""
         # Imported here, not at the top: the targets declaration imports this module, and most programs
         # that read it never send mail (the same reason http.py imports aiohttp late).
         import smtplib
@@ -196,10 +197,26 @@ class MailDestination:
                 s.starttls(context=ssl.create_default_context())
             if self._smtp_login is not None:
                 s.login(*self._smtp_login)
+            s.ehlo_or_helo_if_needed()
             try:
-                refused = s.sendmail(sender, recipients, data)
-            except smtplib.SMTPRecipientsRefused as e:  # every recipient refused: nothing was sent
-                raise MailRejected(f"every recipient was refused: {_replies(e.recipients)}") from None
+                code, reply = s.mail(sender)
+                if code != 250:
+                    raise smtplib.SMTPSenderRefused(code, reply, sender)
+                if copy is not None:
+                    code, reply = s.rcpt(copy)
+                    if code not in (250, 251):
+                        # Without its copy, "not found" could not prove absence later: send nothing.
+                        s.rset()
+                        raise MailRejected(f"the copy's address {copy} was refused: {code} {_text(reply)}; not sent")
+                refused: dict[str, tuple[int, bytes]] = {}
+                for address in recipients:
+                    code, reply = s.rcpt(address)
+                    if code not in (250, 251):
+                        refused[address] = (code, reply)
+                if len(refused) == len(recipients):  # every recipient refused: nothing is sent
+                    s.rset()
+                    raise MailRejected(f"every recipient was refused: {_replies(refused)}")
+                s.data(data)
             except (smtplib.SMTPSenderRefused, smtplib.SMTPDataError) as e:
                 if e.smtp_code >= 500:  # a permanent refusal before the message was accepted
                     raise MailRejected(f"SMTP {e.smtp_code}: {_text(e.smtp_error)}") from None
