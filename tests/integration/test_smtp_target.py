@@ -6,19 +6,22 @@ from __future__ import annotations
 
 import email
 import email.policy
+import socketserver
+import threading
 import uuid
 from email.message import EmailMessage
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from effect_ledger.core.reconcile import Absent, EffectView, Found
-from effect_ledger.errors import DestinationError, TargetsError
+from effect_ledger.errors import DestinationError, MailRejected, TargetsError
 from effect_ledger.targets.load import parse_targets
 from effect_ledger.targets.mail import KEY_HEADER, MAX_MESSAGE_BYTES, MailDestination, message_id_for
 from tests.crash.destination_agent import confirmation_mail
 from tests.destinations import mail_count, mail_declaration
-from tests.mailserver import MailServer
+from tests.mailserver import ARCHIVE, MailServer
 from tests.sdk_contract import run
 
 T0 = 1_700_000_000_000
@@ -125,3 +128,47 @@ def test_envelope_copy_needs_an_address_and_a_mailbox_to_search(mail_server: Mai
         parse_targets(no_copy_to)
     with pytest.raises(TargetsError, match="needs imap"):
         parse_targets(mail_declaration(mail_server, imap=""))
+
+
+class _RefusingSmtp(socketserver.StreamRequestHandler):
+    """A destination fake speaking SMTP as a real server does, which refuses one mailbox (550 on
+    its RCPT TO), like a full or disabled archive account; it records every command it got."""
+
+    def handle(self) -> None:
+        server: Any = self.server
+        self.wfile.write(b"220 fake ESMTP\r\n")
+        while line := self.rfile.readline(1000):
+            cmd = line.decode().strip()
+            server.seen.append(cmd)
+            verb = cmd.split(" ")[0].upper()
+            if verb in ("EHLO", "HELO"):
+                reply = b"250 fake\r\n"
+            elif verb == "RCPT" and server.refuse in cmd:
+                reply = b"550 5.2.1 mailbox disabled\r\n"
+            elif verb == "DATA":
+                reply = b"354 go ahead\r\n"
+            elif verb == "QUIT":
+                self.wfile.write(b"221 bye\r\n")
+                return
+            else:
+                reply = b"250 ok\r\n"
+            self.wfile.write(reply)
+
+
+def test_a_refused_copy_address_sends_nothing() -> None:
+    """The copy's RCPT comes first; refused, the transaction is reset before DATA: the customer
+    gets nothing (a message without its copy could later be called absent and sent again)."""
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _RefusingSmtp) as srv:
+        srv.daemon_threads = True
+        srv.seen, srv.refuse = [], ARCHIVE  # type: ignore[attr-defined]
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        try:
+            d = MailDestination(f"smtp://127.0.0.1:{srv.server_address[1]}", sent_copy="envelope", copy_to=ARCHIVE,
+                                imap="imap://127.0.0.1:1", imap_user="a", imap_password="b", timeout=5)  # fmt: skip
+            with pytest.raises(MailRejected, match="copy"):
+                run(d.send(f"mail:{uuid.uuid4().hex}", confirmation_mail()))
+        finally:
+            srv.shutdown()
+    verbs = [c.split(" ")[0].upper() for c in srv.seen]  # type: ignore[attr-defined]
+    assert "DATA" not in verbs and "RSET" in verbs
+    assert not any("customer@" in c for c in srv.seen)  # type: ignore[attr-defined]
