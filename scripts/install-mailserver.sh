@@ -13,7 +13,7 @@
 # each recipient's mailbox before the 250 reply, IMAP EXAMINE, UID SEARCH HEADER, UID FETCH
 # BODY.PEEK[HEADER.FIELDS].
 #
-# Idempotent: returns at once when the jar is in the cache. EFFECT_LEDGER_CACHE: where (default
+# Idempotent: returns at once when java is there and the jar is in the cache (with its SHA-256). EFFECT_LEDGER_CACHE: where (default
 # ~/.cache/effect-ledger, shared with scripts/kafka.sh).
 set -euo pipefail
 
@@ -25,8 +25,18 @@ jar="$dir/greenmail-standalone-$VERSION.jar"
 url="https://repo1.maven.org/maven2/com/icegreen/greenmail-standalone/$VERSION/greenmail-standalone-$VERSION.jar"
 
 if ! command -v java >/dev/null; then
-    echo "install-mailserver: no java; scripts/kafka.sh needs it too (Debian: openjdk-17-jre-headless)" >&2
-    exit 1
+    # The same JVM scripts/kafka.sh runs the broker with (Java 17+; GreenMail 2.1 needs 17 too).
+    if ! command -v apt-get >/dev/null; then
+        echo "install-mailserver: no java and no apt-get: install Java 17 or newer" >&2
+        exit 1
+    fi
+    SUDO=""
+    if [ "$(id -u)" -ne 0 ]; then
+        SUDO="sudo"
+    fi
+    echo "install-mailserver: installing Debian's openjdk-17-jre-headless" >&2
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
 fi
 if [ -f "$jar" ] && echo "$SHA256  $jar" | sha256sum -c --quiet - 2>/dev/null; then
     exit 0
