@@ -50,4 +50,5 @@ if ! echo "$SHA256  $tmp" | sha256sum -c --quiet -; then
     echo "install-mailserver: $url does not have the pinned SHA-256; not installed" >&2
     exit 1
 fi
+chmod 644 "$tmp"  # mktemp made it private; the jar is no secret
 mv "$tmp" "$jar"
