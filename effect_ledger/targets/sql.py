@@ -256,10 +256,7 @@ class _Connection:
     def __enter__(self) -> tuple[Any, Callable[[], None], Callable[[], None]]:
         d = self._dest
         if d._postgres:
-            from effect_ledger._extras import require
-
-            require("postgres", f'target {d.name!r} (kind = "sql", PostgreSQL)')
-            import psycopg
+            import psycopg  # present: the declaration required the [postgres] extra
 
             ms = int(d.timeout_s * 1000)
             self._db = psycopg.connect(
