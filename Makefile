@@ -114,6 +114,7 @@ test: venv venv-dbos venv-openai-agents venv-pydantic-ai venv-crewai venv-agent-
 	@bash scripts/install-faketime.sh
 	@bash scripts/install-openssl.sh
 	@bash scripts/install-nftables.sh
+	@bash scripts/install-mailserver.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest $(PYTEST_ARGS)
 	@$(DBOS_VENV)/bin/python -m pytest tests/integrations/dbos
 	@$(OPENAI_AGENTS_VENV)/bin/python -m pytest tests/integrations/openai_agents
@@ -134,6 +135,7 @@ test-unit: venv
 
 test-integration: venv
 	@bash scripts/install-postgres.sh
+	@bash scripts/install-mailserver.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/integration $(PYTEST_ARGS)
 
 # A replicated cluster of three nodes on loopback (scripts/cluster.sh; started and stopped by the tests).
@@ -146,10 +148,14 @@ test-secure: venv
 	@$(PY) -m pytest tests/secure $(PYTEST_ARGS)
 
 test-crash: venv
+	@bash scripts/install-postgres.sh
+	@bash scripts/install-mailserver.sh
 	@$(PY) -m pytest tests/crash $(PYTEST_ARGS)
 
 test-faults: venv
 	@bash scripts/install-faketime.sh
+	@bash scripts/install-postgres.sh
+	@bash scripts/install-mailserver.sh
 	@bash scripts/with-kafka.sh $(PY) -m pytest tests/faults $(PYTEST_ARGS)
 
 # The console's browser test: Debian's chromium and chromium-driver, installed when missing (as root).

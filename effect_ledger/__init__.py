@@ -33,6 +33,7 @@ from effect_ledger.errors import (
     ConfigError,
     DecisionRefused,
     DefiniteFailure,
+    DestinationError,
     EffectClosed,
     EffectConflict,
     EffectInProgress,
@@ -44,8 +45,10 @@ from effect_ledger.errors import (
     LedgerError,
     LedgerLagging,
     LedgerUnavailable,
+    MailRejected,
     MissingExtra,
     NotAuthorized,
+    OutOfStock,
     ReceiptNotRecordable,
     StorageError,
     TargetsError,
@@ -59,6 +62,8 @@ from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import HttpReconciler
 from effect_ledger.targets.load import load_targets
+from effect_ledger.targets.mail import MailDestination
+from effect_ledger.targets.sql import SqlDestination, Stock
 
 __version__ = "0.1.0"
 
@@ -77,6 +82,9 @@ __all__ = [
     "Reconciler",
     "HttpReconciler",
     "CallableReconciler",
+    "MailDestination",
+    "SqlDestination",
+    "Stock",
     "EffectView",
     "Answer",
     "Found",
@@ -112,4 +120,7 @@ __all__ = [
     "MissingExtra",
     "ConfigError",
     "DecisionRefused",
+    "DestinationError",
+    "MailRejected",
+    "OutOfStock",
 ]

@@ -164,6 +164,22 @@ class DefiniteFailure(LedgerError):
     and nothing happened: the effect is recorded FAILED and a later call may execute again."""
 
 
+class DestinationError(DefiniteFailure):
+    """A built-in destination kind (``kind = "smtp"``, ``kind = "sql"``) refused to make a call before
+    sending anything: a message over its size bound, a key or a value it cannot carry, a row whose
+    columns are not plain names. Nothing reached the destination, so the effect is FAILED."""
+
+
+class MailRejected(DefiniteFailure):
+    """The SMTP server refused the message with a permanent (5xx) reply before accepting it: no
+    recipient got it; the effect is FAILED."""
+
+
+class OutOfStock(DefiniteFailure):
+    """A guarded stock decrement (``kind = "sql"`` with ``stock``) would have gone below zero: the
+    transaction was rolled back, nothing changed; the effect is FAILED."""
+
+
 class LedgerUnavailable(LedgerError):
     """Kafka mode: the broker did not acknowledge the intent in time (``sync``), or the processor
     could not be asked about a key; nothing was sent to the destination."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from effect_ledger.streams.config import KafkaConfig
+from tests.mailserver import MailServer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,5 +89,15 @@ def postgres_url() -> Iterator[str]:
     try:
         server.start()
         yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def mail_server() -> Iterator[MailServer]:
+    """A real SMTP server and IMAP mailbox (GreenMail, tests/mailserver.py) for this session."""
+    server = MailServer()
+    try:
+        yield server.start()
     finally:
         server.stop()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import string
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from yarl import URL
 
-from effect_ledger.targets.keyurl import key_url, origin
+from effect_ledger.targets.evidence import MAX_REDIRECTS, Provenance, Redirects, admit, origin, redirect_refusal
+from effect_ledger.targets.keyurl import key_url
 
 if TYPE_CHECKING:
     import aiohttp
@@ -22,11 +23,8 @@ __all__ = ["HttpReconciler", "CallableReconciler", "DEFAULT_MAX_BODY", "MAX_BODY
 
 DEFAULT_MAX_BODY = 256 << 10  # a found answer goes into a resolution event, which must fit a Kafka record
 MAX_BODY_LIMIT = 16 << 20  # the most ``max_body`` may be set to
-MAX_REDIRECTS = 5  # same-origin redirects followed for one lookup (with redirects="same-origin")
 _REDIRECT = frozenset({301, 302, 303, 307, 308})
 _CHUNK = 64 << 10
-
-Redirects = Literal["none", "same-origin"]
 
 
 class HttpReconciler:
@@ -41,9 +39,11 @@ class HttpReconciler:
     a found-status answer: values in ``absent_values`` mean Absent (e.g. a refund that failed), in
     ``pending_values`` Unknown.
 
-    Only the configured destination's own answer counts: a redirect is not followed (Unknown, with
-    where it pointed), unless ``redirects="same-origin"``, which follows up to 5 redirects that
-    stay on the URL's scheme, host and port; a redirect elsewhere is always Unknown. ``headers``
+    Only the configured destination's own answer counts (``effect_ledger.targets.evidence``): an
+    answer after a redirect is Unknown, never Absent and never a receipt. A redirect is not followed
+    (Unknown, with where it pointed), unless ``redirects="same-origin"``, which follows up to 5
+    redirects that stay on the URL's scheme, host and port so that the Unknown's reason can say what
+    the final page answered; a redirect elsewhere is never followed. ``headers``
     (e.g. an API key) are sent to that origin only. The body is read up to ``max_body`` bytes
     (default 256 KiB, at most 16 MiB); a longer answer is Unknown and is not read further.
     """
@@ -121,7 +121,7 @@ class HttpReconciler:
             return Unknown(f"GET {url}: {type(e).__name__}: {e}")
 
     async def _ask(self, s: aiohttp.ClientSession, url: URL) -> Answer:
-        home = origin(url)
+        asked, home = url, origin(url)
         # Redirects are taken one at a time so that each is checked before anything (the headers
         # included) is sent to where it points.
         for hop in range(MAX_REDIRECTS + 1):
@@ -136,14 +136,14 @@ class HttpReconciler:
                         text = body.decode(charset)
                     except (LookupError, UnicodeDecodeError):
                         return Unknown(f"GET {url}: HTTP {status} with a body that is not {charset} text")
-                    return self.interpret(status, text)
+                    return admit(self.interpret(status, text), Provenance(str(asked), str(url), redirected=hop > 0))
                 location = resp.headers.get("Location", "")
             try:
                 # As sent: decoding it would turn an encoded "%2E%2E" into a step up.
                 nxt = url.join(URL(location, encoded=True)) if location else None
             except ValueError:
                 nxt = None
-            why = _not_followed(self.redirects, nxt, home, hop)
+            why = redirect_refusal(self.redirects, nxt, home, hop)
             if why is not None:
                 return Unknown(f"GET {url}: HTTP {status} redirect to {location or '(nowhere)'}: {why}")
             assert nxt is not None
@@ -170,19 +170,6 @@ class HttpReconciler:
         if receipt is None:
             return Unknown(f"HTTP {status} without field {self._receipt_field!r}")
         return Found(str(receipt), body)
-
-
-def _not_followed(policy: Redirects, nxt: URL | None, home: tuple[str, str, int | None], hop: int) -> str | None:
-    """Why a redirect is not followed (None: follow it)."""
-    if nxt is None:
-        return "no usable Location; not followed"
-    if origin(nxt) != home:
-        return "another origin; never followed (only the destination's own answer counts)"
-    if policy == "none":
-        return 'not followed (redirects = "none"; "same-origin" follows it)'
-    if hop >= MAX_REDIRECTS:
-        return f"more than {MAX_REDIRECTS} redirects; not followed"
-    return None
 
 
 async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from yarl import URL
 
 from effect_ledger.core.keys import key_path_segment
+from effect_ledger.targets.evidence import origin
+
+__all__ = ["key_url", "origin"]
 
 # Letters only: quoting and normalising the rest of the template leave it as it is.
 _SLOT = "effectledgerkeyslot"
@@ -23,9 +26,3 @@ def key_url(template: str, key: str, **fields: str) -> URL:
     except (KeyError, IndexError, ValueError) as e:
         raise ValueError(f"url template {template!r}: {type(e).__name__}: {e}") from None
     return URL(str(URL(filled)).replace(_SLOT, key_path_segment(key)), encoded=True)
-
-
-def origin(url: URL) -> tuple[str, str, int | None]:
-    """Scheme, host and port (the default port when none is written): what a redirect or a header
-    must not leave."""
-    return (url.scheme.lower(), (url.host or "").lower(), url.port)

@@ -14,8 +14,10 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     definite_errors = ["myapp.gateway:RefundRejected"]   # "rejected, nothing happened"
     headers = { Authorization = "Bearer ${GATEWAY_TOKEN}" }   # ${VAR}: from the environment;
                                          # sent to the lookup URL's own origin only
-    redirects = "none"                   # "same-origin" follows redirects on the same host; a
-                                         # redirect elsewhere is never followed (Unknown)
+    redirects = "none"                   # "same-origin" follows redirects on the same host (to
+                                         # say what they answered); a redirect elsewhere is never
+                                         # followed; an answer after any redirect is Unknown
+                                         # (effect_ledger.targets.evidence)
     max_body = 262144                    # bytes of an answer read at most (default 256 KiB)
 
     [targets.tickets]
@@ -29,7 +31,10 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     searchable = ["order_id"]            # request fields the console can search by value
                                          # (recorded ones only: not redacted, not digest/encrypt)
 
-Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
+A built-in destination kind is its own lookup: ``kind = "smtp"`` (an email; IMAP search by
+Message-ID, ``effect_ledger.targets.mail``) or ``kind = "sql"`` (a row guarded by a unique key
+column, ``effect_ledger.targets.sql``); docs/guides/reconcilers-mail-sql.md has a complete example
+of each. Every other target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
 ``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
 default. A lookup may also set ``timeout``, ``found_status``, ``absent_status``, ``receipt_field``,
 ``state_field``, ``absent_values``, ``pending_values`` (see ``HttpReconciler``); any target may set
@@ -56,9 +61,11 @@ from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.core.keys import check_name
 from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
-from effect_ledger.errors import TargetsError
+from effect_ledger.errors import MissingExtra, TargetsError
 from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import MAX_BODY_LIMIT, HttpReconciler
+from effect_ledger.targets.mail import MailDestination
+from effect_ledger.targets.sql import SqlDestination, Stock
 
 ENV_VAR = "EFFECTS_TARGETS"
 BODY_SETTINGS = ("body", "redact", "subject")  # what of a request is recorded: effect_ledger.core.bodies
@@ -70,7 +77,7 @@ NONE = "none"
 SECTIONS_READ_ELSEWHERE = frozenset({"mcp"})
 
 _COMMON = {
-    "lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff",
+    "kind", "lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff",
     "lands_within", "searchable", *BODY_SETTINGS,
 }  # fmt: skip
 _HTTP = {
@@ -85,6 +92,14 @@ _HTTP = {
     "redirects",
     "max_body",
 }
+# Built-in destination kinds (kind = "..."): the kind is the call's helper and the lookup at once.
+_SMTP = {
+    "smtp", "imap", "mailbox", "sent_copy", "copy_to", "id_domain", "smtp_user", "smtp_password", "imap_user",
+    "imap_password", "timeout",
+}  # fmt: skip
+_SQL = {"database", "table", "key_column", "id_column", "stock", "timeout"}
+_STOCK = {"table", "item_column", "quantity_column"}
+KINDS = {"http": _HTTP, "smtp": _SMTP, "sql": _SQL}
 _BACKOFF = {"first", "factor", "max", "tries"}
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -196,12 +211,18 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         raise fail(str(e)) from None
     if not isinstance(body, dict):
         raise fail("expected a table [targets.NAME] of settings")
-    unknown = set(body) - _COMMON - _HTTP
+    kind = body.get("kind", "http")
+    if kind not in KINDS:
+        raise fail(f"kind must be one of {', '.join(sorted(KINDS))}, not {kind!r}", "kind")
+    unknown = set(body) - _COMMON - KINDS[kind]
     if unknown:
         field = sorted(unknown)[0]
-        raise fail(f"unknown setting {field!r} (known: {', '.join(sorted(_COMMON | _HTTP))})", field)
+        raise fail(f"unknown setting {field!r} (known: {', '.join(sorted(_COMMON | KINDS[kind]))})", field)
     lookup, reconciler_ref = body.get("lookup"), body.get("reconciler")
-    if (lookup is None) == (reconciler_ref is None):
+    if kind != "http" and (lookup is not None or reconciler_ref is not None):
+        field = "lookup" if lookup is not None else "reconciler"
+        raise fail(f'kind = "{kind}" is its own lookup; remove {field!r}', field)
+    if kind == "http" and (lookup is None) == (reconciler_ref is None):
         raise fail(
             'say how to ask it, with exactly one of: lookup = "URL with {key}", reconciler = "module:attr", '
             'or lookup = "none" (nothing can ask it: uncertain effects go to a person)',
@@ -209,7 +230,11 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         )
     http_fields = sorted(set(body) & _HTTP)
     reconciler: Reconciler | None
-    if reconciler_ref is not None:
+    if kind == "smtp":
+        reconciler = _mail(name, body, fail)
+    elif kind == "sql":
+        reconciler = _sql(name, body, fail)
+    elif reconciler_ref is not None:
         if http_fields:
             raise fail(f"{http_fields[0]!r} applies to an HTTP lookup, not to a reconciler", http_fields[0])
         reconciler = _reconciler(_string(body, "reconciler", fail), fail)
@@ -222,7 +247,8 @@ def _target(name: str, body: Any, where: _Where) -> Target:
     honours = body.get("honours_keys", False)
     if not isinstance(honours, bool):
         raise fail("honours_keys must be true or false", "honours_keys")
-    retention = body.get("key_retention", "24h")
+    # A row keeps its key column as long as the row exists: the database never forgets it.
+    retention = body.get("key_retention", "forever" if kind == "sql" else "24h")
     retention_s: float | None
     if retention == "forever":
         retention_s = None
@@ -310,6 +336,67 @@ def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError])
         return HttpReconciler(url, **kwargs)
     except ValueError as e:
         raise fail(str(e), "lookup") from None
+
+
+def _expanded(body: Mapping[str, Any], field: str, fail: Callable[..., TargetsError]) -> str:
+    """A string setting with ``${VAR}`` filled in from the environment (a password, a URL)."""
+    value = _string(body, field, fail)
+    missing = [m for m in _ENV_REF.findall(value) if m not in os.environ]
+    if missing:
+        raise fail(f"{field} refers to ${{{missing[0]}}}, which is not set in the environment", field)
+    out = _ENV_REF.sub(lambda m: os.environ[m.group(1)], value)
+    if "\r" in out or "\n" in out:
+        raise fail(f"{field} holds a line break (from the environment?)", field)
+    return out
+
+
+def _mail(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> MailDestination:
+    if "smtp" not in body:
+        raise fail('kind = "smtp" needs smtp = "smtp://HOST:PORT" (or smtps://, smtp+starttls://)')
+    kwargs: dict[str, Any] = {"name": f"smtp:{name}"}
+    for field in ("imap", "mailbox", "sent_copy", "copy_to", "id_domain", "smtp_user", "imap_user"):
+        if field in body:
+            kwargs[field] = _string(body, field, fail)
+    for field in ("smtp_password", "imap_password"):
+        if field in body:
+            kwargs[field] = _expanded(body, field, fail)
+    if "timeout" in body:
+        kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
+    try:
+        return MailDestination(_expanded(body, "smtp", fail), **kwargs)
+    except ValueError as e:
+        field = next((f for f in ("sent_copy", "copy_to", "imap", "mailbox", "id_domain") if f in str(e)), "smtp")
+        raise fail(str(e), field if field in body else None) from None
+
+
+def _sql(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> SqlDestination:
+    for field in ("database", "table"):
+        if field not in body:
+            what = "sqlite:///PATH or postgresql://..." if field == "database" else "the table written"
+            raise fail(f'kind = "sql" needs {field} ({what})')
+    kwargs: dict[str, Any] = {"name": f"sql:{name}"}
+    for field in ("key_column", "id_column"):
+        if field in body:
+            kwargs[field] = _string(body, field, fail)
+    if "stock" in body:
+        spec = body["stock"]
+        if not isinstance(spec, dict) or "table" not in spec or set(spec) - _STOCK:
+            raise fail(
+                'stock must be a table: { table = "stock", item_column = "item", quantity_column = "quantity" }',
+                "stock",
+            )
+        if not all(isinstance(v, str) and v for v in spec.values()):
+            raise fail("stock settings must be non-empty strings", "stock")
+        kwargs["stock"] = Stock(**spec)
+    if "timeout" in body:
+        kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
+    try:
+        return SqlDestination(_expanded(body, "database", fail), _string(body, "table", fail), **kwargs)
+    except MissingExtra as e:
+        raise fail(str(e), "database") from None
+    except ValueError as e:
+        where = next((f for f in ("stock", "key_column", "id_column", "table", "database") if f in str(e)), "")
+        raise fail(str(e), where if where in body else None) from None
 
 
 def _backoff(spec: Any, fail: Callable[..., TargetsError]) -> Backoff:
