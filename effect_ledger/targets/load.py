@@ -55,6 +55,7 @@ from effect_ledger.core.keys import check_name
 from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
 from effect_ledger.errors import TargetsError
+from effect_ledger.targets import kinds
 from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import MAX_BODY_LIMIT, HttpReconciler
 
@@ -194,12 +195,14 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         raise fail(str(e)) from None
     if not isinstance(body, dict):
         raise fail("expected a table [targets.NAME] of settings")
-    unknown = set(body) - _COMMON - _HTTP
+    if "kind" in body:  # a built-in kind (targets/kinds.py) says how the destination is asked
+        body = kinds.with_defaults(body, fail)
+    unknown = set(body) - _COMMON - _HTTP - kinds.settings(body)
     if unknown:
         field = sorted(unknown)[0]
         raise fail(f"unknown setting {field!r} (known: {', '.join(sorted(_COMMON | _HTTP))})", field)
     lookup, reconciler_ref = body.get("lookup"), body.get("reconciler")
-    if (lookup is None) == (reconciler_ref is None):
+    if "kind" not in body and (lookup is None) == (reconciler_ref is None):
         raise fail(
             'say how to ask it, with exactly one of: lookup = "URL with {key}", reconciler = "module:attr", '
             'or lookup = "none" (nothing can ask it: uncertain effects go to a person)',
@@ -207,7 +210,14 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         )
     http_fields = sorted(set(body) & _HTTP)
     reconciler: Reconciler | None
-    if reconciler_ref is not None:
+    if "kind" in body:
+        bad = sorted(set(http_fields) - kinds.KIND_SETTINGS)
+        if bad:
+            raise fail(f"{bad[0]!r} applies to an HTTP lookup, not to kind {body['kind']!r}", bad[0])
+        reconciler = kinds.reconciler(
+            name, body, fail, headers=_headers(body, fail), lands_within_s=_lands_within_s(body, fail)
+        )
+    elif reconciler_ref is not None:
         if http_fields:
             raise fail(f"{http_fields[0]!r} applies to an HTTP lookup, not to a reconciler", http_fields[0])
         reconciler = _reconciler(_string(body, "reconciler", fail), fail)
@@ -226,11 +236,10 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         retention_s = None
     else:
         retention_s = _duration(retention, "key_retention", fail) / 1000
-    lands_within_s = DECISION_GRACE_MS / 1000
-    if "lands_within" in body:
-        lands_within_s = _duration(body["lands_within"], "lands_within", fail) / 1000
-        if lands_within_s > MAX_LANDS_WITHIN_S:
-            raise fail(f"lands_within must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
+    # A kind that asks by search: an empty search proves nothing until the index has caught up.
+    lands_within_s = _lands_within_s(body, fail) + kinds.search_lag_s(reconciler)
+    if lands_within_s > MAX_LANDS_WITHIN_S:
+        raise fail(f"lands_within plus search_lag must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
     errors = tuple(_error_class(ref, fail) for ref in _strings(body, "definite_errors", fail))
     receipt_id = body.get("receipt_id")
     receipt_fn: Callable[[Any], str] | None = None
@@ -239,6 +248,8 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         if not callable(obj):
             raise fail(f"receipt_id {receipt_id!r} is not callable", "receipt_id")
         receipt_fn = obj
+    elif "kind" in body:
+        receipt_fn = kinds.receipt_id(body["kind"])
     return Target(
         name,
         reconciler=reconciler,
@@ -252,10 +263,17 @@ def _target(name: str, body: Any, where: _Where) -> Target:
     )
 
 
-def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> HttpReconciler:
-    url = _string(body, "lookup", fail)
-    if "{key}" not in url or not url.startswith(("http://", "https://")):
-        raise fail(f'lookup {url!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
+def _lands_within_s(body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> float:
+    if "lands_within" not in body:
+        return DECISION_GRACE_MS / 1000
+    lands_within_s = _duration(body["lands_within"], "lands_within", fail) / 1000
+    if lands_within_s > MAX_LANDS_WITHIN_S:
+        raise fail(f"lands_within must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
+    return lands_within_s
+
+
+def _headers(body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> dict[str, str]:
+    """The ``headers`` setting with ``${VAR}`` taken from the environment."""
     headers = body.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise fail("headers must be a table of strings", "headers")
@@ -267,7 +285,14 @@ def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError])
         expanded[k] = _ENV_REF.sub(lambda m: os.environ[m.group(1)], v)
         if "\r" in expanded[k] or "\n" in expanded[k]:
             raise fail(f"header {k!r} holds a line break (from the environment?)", "headers")
-    kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": expanded}
+    return expanded
+
+
+def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> HttpReconciler:
+    url = _string(body, "lookup", fail)
+    if "{key}" not in url or not url.startswith(("http://", "https://")):
+        raise fail(f'lookup {url!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
+    kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": _headers(body, fail)}
     if "timeout" in body:
         kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
     for field in ("found_status", "absent_status"):
