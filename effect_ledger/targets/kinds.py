@@ -80,6 +80,7 @@ def reconciler(
         "name": f"{kind}:{name}",
         "headers": headers,
         "lands_within_s": lands_within_s,
+        "hold_early": False,  # the target's lands_within includes search_lag (load.py): judge holds it
         "search_lag_s": _seconds(body.get("search_lag", _LAG[kind]), "search_lag", fail, zero=True),
     }
     if "timeout" in body:
