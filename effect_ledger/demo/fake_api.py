@@ -158,7 +158,10 @@ class Running:
         self._server = FakeServer((host, port), Handler)
         self._server.app = app
         app.url = self.url
-        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-api", daemon=True)
+        # A short poll: stopping a fake (once per test) should not cost half a second.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-api", daemon=True
+        )
 
     @property
     def url(self) -> str:

@@ -25,8 +25,7 @@ from typing import Any
 
 from yarl import URL
 
-from effect_ledger.core.reconcile import Unknown
-from effect_ledger.targets.search import KeySearch, Page
+from effect_ledger.targets.search import KeySearch, Page, Reading
 
 DEFAULT_OBJECT = "payment_intents"
 DEFAULT_METADATA_KEY = "effect_key"
@@ -67,26 +66,30 @@ class PaymentSearch(KeySearch):
         query = f"metadata[{search_string(self.metadata_key)}]:{search_string(key)}"
         return self.api.with_path(self._path).with_query({"query": query, "limit": str(SEARCH_LIMIT)})
 
-    def read_page(self, asked: URL, body: Any, key: str) -> Page | Unknown:
+    def read_page(self, asked: URL, body: Any, key: str) -> Reading:
+        def bad(why: str, answered: str = self._path) -> Reading:
+            return Reading(self._path, answered, why)
+
         if not isinstance(body, dict) or body.get("object") != "search_result":
-            return Unknown(f"GET {asked}: not a search_result")
-        if body.get("url") != self._path:
-            return Unknown(f"GET {asked}: a search_result for {body.get('url')!r}, not the search asked")
+            return bad("not a search_result")
+        if not isinstance(body.get("url"), str):
+            return bad("a search_result without its url")
         data, more, token = body.get("data"), body.get("has_more"), body.get("next_page")
         if not isinstance(data, list) or not isinstance(more, bool):
-            return Unknown(f"GET {asked}: a search_result without a data list and has_more")
+            return bad("a search_result without a data list and has_more", body["url"])
         if more and (not isinstance(token, str) or not token):
-            return Unknown(f"GET {asked}: has_more without a next_page")
+            return bad("has_more without a next_page", body["url"])
         matches = []
         for obj in data:
             meta = obj.get("metadata") if isinstance(obj, dict) else None
             oid = obj.get("id") if isinstance(obj, dict) else None
             if not isinstance(oid, str) or not oid or not isinstance(meta, dict):
-                return Unknown(f"GET {asked}: a result without an id and metadata")
+                return bad("a result without an id and metadata", body["url"])
             if meta.get(self.metadata_key) == key:  # the search matched; the key must be exactly ours
                 matches.append((oid, obj))
         nxt = asked.update_query({"page": token}) if more and isinstance(token, str) else None
-        return Page(matches, nxt)
+        # Stripe names the search a result answers by its path (the page token is not echoed).
+        return Reading(self._path, body["url"], None, Page(matches, nxt))
 
 
 __all__ = ["DEFAULT_METADATA_KEY", "DEFAULT_OBJECT", "DEFAULT_SEARCH_LAG", "PaymentSearch", "search_string"]

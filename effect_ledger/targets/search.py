@@ -13,9 +13,10 @@ evidence than it looks, so each is handled here once:
   effect ABSENT before the index has caught up.
 * **Pages.** Results come in pages; a key is looked for on every page, up to ``max_pages``. A search
   with more pages than that is Unknown, never Absent.
-* **Only the destination's own answer counts.** A redirect is never followed (Unknown, whatever its
-  target), a body over ``max_body`` or not JSON is Unknown, and an answer in a shape the kind does not
-  expect, or for a page the lookup did not ask for, is Unknown: never Absent and never a receipt.
+* **Only the destination's own answer counts** (``effect_ledger.targets.evidence.admit``, the rule
+  every lookup goes through). A redirect is never followed (Unknown, whatever its target), a body
+  over ``max_body`` or not JSON is Unknown, and an answer in a shape the kind does not expect, or for
+  a page or search the lookup did not ask for, is Unknown: never Absent and never a receipt.
   A match must carry the exact key in the field the kind placed it in (a search engine's fuzzy match
   is not a match).
 """
@@ -33,8 +34,8 @@ from yarl import URL
 
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
 from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S
+from effect_ledger.targets.evidence import Provenance, admit, origin
 from effect_ledger.targets.http import DEFAULT_MAX_BODY, MAX_BODY_LIMIT, _read_bounded
-from effect_ledger.targets.keyurl import origin
 
 if TYPE_CHECKING:
     import aiohttp
@@ -50,6 +51,18 @@ class Page:
 
     matches: list[tuple[str, Any]]
     next_url: URL | None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One answer as the kind reads it: which page of which search it says it is (``answered``,
+    compared with ``asked``, the page the lookup named), why it is not in the kind's shape (None: it
+    is), and its page (None when it could not be read)."""
+
+    asked: str
+    answered: str
+    shape_error: str | None = None
+    page: Page | None = None
 
 
 class KeySearch(ABC):
@@ -112,9 +125,9 @@ class KeySearch(ABC):
         """The search for ``key``, first page."""
 
     @abstractmethod
-    def read_page(self, asked: URL, body: Any, key: str) -> Page | Unknown:
-        """The matches and the next page of one answer, or Unknown when it is not in the kind's shape
-        (or answers another page than ``asked``)."""
+    def read_page(self, asked: URL, body: Any, key: str) -> Reading:
+        """One answer to the search page ``asked``: which page it says it is, whether it is in the
+        kind's shape, its matches and next page."""
 
     async def check(self, effect: EffectView) -> Answer:
         """Search every page for the key: Found with the destination's own id, Absent only when the
@@ -130,12 +143,16 @@ class KeySearch(ABC):
                     got = await self._get(s, url)
                     if isinstance(got, Unknown):
                         return got
-                    page = self.read_page(url, got, key)
-                    if isinstance(page, Unknown):
-                        return page
+                    if isinstance(got, Provenance):  # a redirect, a body not JSON: refused as evidence
+                        return admit(Absent("nothing readable was found"), got)
+                    reading = self.read_page(url, got, key)
+                    prov = Provenance(reading.asked, reading.answered, shape_error=reading.shape_error)
+                    page = reading.page
+                    if page is None or reading.shape_error is not None:
+                        return admit(Absent("the answer could not be read"), prov)
                     if page.matches:
                         receipt, obj = page.matches[0]
-                        return Found(receipt, obj)
+                        return admit(Found(receipt, obj), prov)
                     if page.next_url is None:
                         break
                     if origin(page.next_url) != origin(self.api):
@@ -152,7 +169,8 @@ class KeySearch(ABC):
                 f"not found by search yet, but the index may lag: an empty search is conclusive from {conclusive} "
                 f"(deadline + lands_within {self.lands_within_s:g} s + search_lag {self.search_lag_s:g} s)"
             )
-        return Absent(f"no object carries the key (a complete search; the index lags up to {self.search_lag_s:g} s)")
+        absent = Absent(f"no object carries the key (a complete search; the index lags up to {self.search_lag_s:g} s)")
+        return admit(absent, prov)
 
     async def _get(self, s: aiohttp.ClientSession, url: URL) -> Any:
         """The JSON body of a 200 answer from the API's own origin, or Unknown: any other status (a
@@ -160,19 +178,20 @@ class KeySearch(ABC):
         ``max_body``, not JSON."""
         async with s.get(url, headers=self._headers, allow_redirects=False) as resp:
             if 300 <= resp.status < 400:
+                # Never followed for a search (the API key would go with it), and never evidence.
                 where = resp.headers.get("Location", "(nowhere)")
-                return Unknown(f"GET {url}: HTTP {resp.status} redirect to {where}: never followed for a search")
+                return Provenance(str(url), f"HTTP {resp.status} redirect to {where}", redirected=True)
             body = await _read_bounded(resp, self.max_body)
             if body is None:
                 return Unknown(f"GET {url}: HTTP {resp.status}: answer over {self.max_body} bytes (max_body)")
             if resp.status != 200:
                 return Unknown(f"GET {url}: HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')}")
             if resp.content_type != "application/json":
-                return Unknown(f"GET {url}: HTTP 200 as {resp.content_type!r}, not application/json")
+                return Provenance(str(url), str(url), shape_error=f"HTTP 200 as {resp.content_type!r}, not JSON")
             try:
                 return json.loads(body)
             except (UnicodeDecodeError, json.JSONDecodeError):
-                return Unknown(f"GET {url}: HTTP 200 with a body that is not JSON")
+                return Provenance(str(url), str(url), shape_error="HTTP 200 with a body that is not JSON")
 
 
-__all__ = ["DEFAULT_MAX_PAGES", "KeySearch", "MAX_PAGES_LIMIT", "Page"]
+__all__ = ["DEFAULT_MAX_PAGES", "KeySearch", "MAX_PAGES_LIMIT", "Page", "Reading"]

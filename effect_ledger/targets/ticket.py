@@ -19,8 +19,7 @@ from typing import Any
 
 from yarl import URL
 
-from effect_ledger.core.reconcile import Unknown
-from effect_ledger.targets.search import KeySearch, Page
+from effect_ledger.targets.search import KeySearch, Page, Reading
 
 DEFAULT_SEARCH_LAG = "10s"
 PAGE_SIZE = 50  # Jira's default maxResults
@@ -73,30 +72,37 @@ class TicketSearch(KeySearch):
         query = {"jql": self.jql(key), "startAt": str(start), "maxResults": str(PAGE_SIZE), "fields": self.key_field}
         return self.api.with_path(self._path).with_query(query)
 
-    def read_page(self, asked: URL, body: Any, key: str) -> Page | Unknown:
+    def read_page(self, asked: URL, body: Any, key: str) -> Reading:
+        # Jira echoes the page it answers (startAt); the search itself is ours by the path.
+        mine = f"{self._path}?startAt={asked.query.get('startAt')}"
+
+        def bad(why: str) -> Reading:
+            return Reading(mine, mine, why)
+
         if not isinstance(body, dict):
-            return Unknown(f"GET {asked}: not a search answer")
+            return bad("not a search answer")
         start, total, issues = body.get("startAt"), body.get("total"), body.get("issues")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, total)) or not isinstance(
             issues, list
         ):
-            return Unknown(f"GET {asked}: a search answer without startAt, total and issues")
-        if str(start) != asked.query.get("startAt"):
-            return Unknown(f"GET {asked}: an answer for startAt={start}, not the page asked")
+            return bad("a search answer without startAt, total and issues")
+        assert isinstance(start, int) and isinstance(total, int)
+        answered = f"{self._path}?startAt={start}"
         matches = []
         for issue in issues:
             fields = issue.get("fields") if isinstance(issue, dict) else None
             tkey = issue.get("key") if isinstance(issue, dict) else None
             if not isinstance(tkey, str) or not tkey or not isinstance(fields, dict):
-                return Unknown(f"GET {asked}: an issue without a key and fields")
+                return Reading(mine, answered, "an issue without a key and fields")
             value = fields.get(self.key_field)
             if value == key or (self.key_field == "labels" and isinstance(value, list) and key in value):
                 matches.append((tkey, issue))
-        assert isinstance(start, int) and isinstance(total, int)
         following = start + len(issues)
         if following < total and not issues:
-            return Unknown(f"GET {asked}: an empty page before the end of the results (total {total})")
-        return Page(matches, self._page_url(key, following) if following < total else None)
+            return Reading(mine, answered, f"an empty page before the end of the results (total {total})")
+        return Reading(
+            mine, answered, None, Page(matches, self._page_url(key, following) if following < total else None)
+        )
 
 
 __all__ = ["DEFAULT_SEARCH_LAG", "PAGE_SIZE", "TicketSearch", "jql_string", "receipt_id"]
