@@ -29,9 +29,10 @@ SECRET = "sk_live_not_for_other_hosts"
 KEY = {"payment": "payments:4f2a", "ticket": "tickets:9c1e"}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def elsewhere() -> Iterator[LoopbackServer]:
-    """Another origin that would answer every search with an empty, well-formed result."""
+    """Another origin that would answer every search with an empty, well-formed result (one for the
+    module: nothing may ever reach it)."""
     empty = json.dumps({"object": "search_result", "url": "/v1/payment_intents/search", "has_more": False,
                         "next_page": None, "data": [], "startAt": 0, "total": 0, "issues": []}).encode()  # fmt: skip
     with LoopbackServer(lambda path: Reply(200, empty, {"Content-Type": "application/json"})) as srv:
