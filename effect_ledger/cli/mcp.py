@@ -88,6 +88,8 @@ def mcp_proxy(
         fail(str(e))
     if not policy.writes:
         click.echo("effects mcp-proxy: no write tools declared: every call passes through unrecorded", err=True)
+    for write in policy.writes.values():  # said before anything runs: which rule keys each write
+        click.echo(f"effects mcp-proxy: {write.describe(policy.run_id)}", err=True)
 
     async def go() -> int:
         from effect_ledger.mcp.calls import WriteCalls

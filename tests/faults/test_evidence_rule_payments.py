@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.core.reconcile import Absent, EffectView, Found, Unknown, judge
 from effect_ledger.core.model import Verdict
+from effect_ledger.core.reconcile import Absent, EffectView, Found, Unknown, judge
 from effect_ledger.demo.fake_api import Running
 from effect_ledger.demo.payment_api import payment_api
 from effect_ledger.demo.ticket_api import ticket_api
