@@ -16,8 +16,11 @@ Write tools are declared in the targets file, beside the targets they write to, 
     repeat_window = "24h"           # within this window are the same effect, across proxy restarts;
                                     # "per-session": each MCP session mints its own keys (unsafe)
 
-The key rule (``call_identity``) is pinned by ``tests/unit/mcp/test_mcp_policy.py``: NEVER CHANGE IT
-SILENTLY, a different rule turns a retried call into a second effect.
+The key rule (``call_identity``, and ``window_identity`` for a call that names no run) is pinned by
+``tests/unit/mcp/test_mcp_policy.py`` and ``test_mcp_window.py``: NEVER CHANGE IT SILENTLY, a
+different rule turns a retried call into a second effect. The default for a call without any run id
+is the safe one: the same tool and arguments within the tool's ``repeat_window`` are one effect,
+across proxy restarts (``docs/guides/mcp-default-policy.md``).
 """
 
 from __future__ import annotations
@@ -109,6 +112,9 @@ def call_identity(write: WriteTool, arguments: Any, meta: Mapping[str, Any], ses
        RUN = ``_meta["effect-ledger/runId"]``, else the proxy's ``--run-id``, else the MCP session
        (``session_run``), and STEP = ``_meta["effect-ledger/stepId"]``, else ``"args:"`` + the
        sha256 of the tool's canonical arguments.
+
+    (When neither the agent nor ``--run-id`` names a run, ``WriteCalls`` replaces the session by the
+    tool's repeat window: see ``windowed`` and ``window_identity``.)
 
     So a retried call (same run, same step or same arguments) gets the same key, and its recorded
     result; a new call gets a new key when its step or its arguments differ. Consequence: two

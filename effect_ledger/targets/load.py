@@ -28,7 +28,8 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
                                          # with subject = "customer.id" (erasable: bodies.py)
 
 Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
-``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
+``{operation}``; or ``"none"``), ``reconciler``, or a built-in ``kind`` (``"payment"``, ``"ticket"``:
+``effect_ledger.targets.kinds``). "Nobody can ask" is a declaration, never a
 default. A lookup may also set ``timeout``, ``found_status``, ``absent_status``, ``receipt_field``,
 ``state_field``, ``absent_values``, ``pending_values`` (see ``HttpReconciler``); any target may set
 ``backoff = { first, factor, max, tries }`` and ``receipt_id = "module:function"``.
