@@ -139,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
             except json.JSONDecodeError:
                 body = {}
             got = app.state.admin(self.path, body if isinstance(body, dict) else {})
-            self._send(Answer(*got, {}) if got else Answer(404, {"error": "not found"}, {}))
+            self._send(Answer(got[0], got[1], {}) if got else Answer(404, {"error": "not found"}, {}))
             return
         self._send(app.post(self.path, {k.lower(): v for k, v in self.headers.items()}, raw))
 

@@ -72,7 +72,7 @@ class PaymentApi:
             if not amount.isdigit() or int(amount) <= 0 or not params.get("currency"):
                 return _error(400, "invalid_request_error", "amount (a positive integer) and currency are required")
             metadata = {m[9:-1]: v for m, v in params.items() if m.startswith("metadata[") and m.endswith("]")}
-            obj = {
+            obj: dict[str, Any] = {
                 "id": f"pi_{next(self._ids):06d}",
                 "object": "payment_intent",
                 "amount": int(amount),

@@ -60,7 +60,7 @@ class TicketApi:
             return _error(503, "try again later")
         with self.state.lock:
             n = next(self._ids)
-            issue = {
+            issue: dict[str, Any] = {
                 "id": str(n),
                 "key": f"{self.project}-{n - 10000}",
                 "self": f"{self.url}/rest/api/2/issue/{n}",
