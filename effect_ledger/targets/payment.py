@@ -12,6 +12,9 @@ The search index lags (Stripe documents "typically within a minute"): an empty s
 only once ``search_lag`` has passed since the call could last have taken effect
 (``effect_ledger.targets.search``).
 
+A create answered with ``Idempotent-Replayed: true`` is the original payment; ``recorded`` marks it
+so in what the ledger records.
+
 **Key retention.** The provider forgets idempotency keys after 24 hours (``key_retention``,
 default ``"24h"``). Past it, a retry with the same key would be a second payment, so nothing may
 rely on the provider's deduplication any more: ``judge`` escalates an "absent" answered past the
@@ -21,6 +24,7 @@ retention (the key may have been forgotten), and the key is never replayed to as
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from yarl import URL
@@ -31,6 +35,18 @@ DEFAULT_OBJECT = "payment_intents"
 DEFAULT_METADATA_KEY = "effect_key"
 DEFAULT_SEARCH_LAG = "60s"  # Stripe: "data is searchable ... typically within 1 minute"
 SEARCH_LIMIT = 100  # Stripe's largest page
+
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+def recorded(obj: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """What to record of a create call's answer: the object, with ``idempotent_replayed: true`` when
+    the provider answered from its idempotency-key store (``Idempotent-Replayed: true``): the
+    original payment, under its own id, not a second one. The trace then shows that the provider's
+    deduplication, not the ledger, stopped a second payment."""
+    replayed = headers.get(REPLAYED_HEADER, "").strip().lower() == "true"
+    return {**obj, "idempotent_replayed": True} if replayed else dict(obj)
 
 
 def search_string(value: str) -> str:
@@ -92,4 +108,7 @@ class PaymentSearch(KeySearch):
         return Reading(self._path, body["url"], None, Page(matches, nxt))
 
 
-__all__ = ["DEFAULT_METADATA_KEY", "DEFAULT_OBJECT", "DEFAULT_SEARCH_LAG", "PaymentSearch", "search_string"]
+__all__ = [
+    "DEFAULT_METADATA_KEY", "DEFAULT_OBJECT", "DEFAULT_SEARCH_LAG", "REPLAYED_HEADER", "PaymentSearch", "recorded",
+    "search_string",
+]  # fmt: skip

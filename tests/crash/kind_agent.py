@@ -22,6 +22,7 @@ import aiohttp
 
 from effect_ledger.errors import EffectInProgress, EffectUncertain
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.targets import payment
 
 EXIT_OK, EXIT_UNCERTAIN, EXIT_REJECTED, EXIT_IN_PROGRESS = 0, 3, 4, 5
 TARGET = {"payment": "payments", "ticket": "tickets"}
@@ -53,7 +54,7 @@ async def _pay(http: aiohttp.ClientSession, api: str, place: Any, key: str) -> A
             raise Rejected(str(body))
         if r.status != 200:
             raise ConnectionError(f"HTTP {r.status}: {body}")
-        return body
+        return payment.recorded(body, r.headers)
 
 
 async def _open_ticket(http: aiohttp.ClientSession, api: str, place: Any, key: str) -> Any:

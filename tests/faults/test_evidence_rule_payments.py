@@ -177,3 +177,47 @@ def test_more_pages_than_max_pages_is_unknown() -> None:
             _make("ticket", srv, target, f"{key}-{i}")
         answer = asyncio.run(target.reconciler.check(_view(key)))
         assert isinstance(answer, Unknown) and "max_pages" in answer.reason
+
+
+def test_a_search_lag_declared_too_short_is_caught_by_the_providers_replay(tmp_path: Any) -> None:
+    """Why a payment target keeps honours_keys and the 24 h retention although it is searched: the
+    index lags an hour but the target declares no lag, so an empty search is taken for ABSENT and the
+    call runs again, with the same key, within the retention. The provider answers from its key
+    store (Idempotent-Replayed: true): still one payment, recorded as the original under its own id,
+    marked as a replay."""
+    from effect_ledger.errors import EffectUncertain
+    from effect_ledger.sdk.ledger import Ledger
+    from effect_ledger.targets.payment import recorded
+    from tests.sdk_contract import FakeClock
+
+    async def scenario(srv: Running, target: Any) -> Any:
+        clock = FakeClock(int(time.time() * 1000))
+        async with await Ledger.open(str(tmp_path / "effects.db"), targets=[target], clock=clock) as ledger:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as http:
+
+                async def pay(key: str) -> Any:
+                    headers, form = target.reconciler.place(key, {"amount": "4800", "currency": "cny"})
+                    async with http.post(f"{srv.url}/v1/payment_intents", data=form, headers=headers) as r:
+                        body = await r.json()
+                        if r.status != 200:
+                            raise ConnectionError(f"HTTP {r.status}")  # lost after the commit: unknown
+                        return recorded(body, r.headers)
+
+                spec = {"target": "payments", "operation": "pay", "run_id": "r1", "step": "s1",
+                        "request": {"order": "123"}, "call": pay, "timeout": 5.0}  # fmt: skip
+                with pytest.raises(EffectUncertain):
+                    await ledger.execute(**spec)
+                clock.advance(60_000)  # past the deadline and lands_within: an empty search now "proves" absence
+                return await ledger.execute(**spec)
+
+    with payment_api() as srv:
+        srv.app.state.lag_s = 3600.0
+        target = _declare("payment", srv.url, lands_within='"10ms"')
+        # The first create commits, and its answer is lost.
+        _post(srv.url, "/_admin/fail", json.dumps({"on": "create", "mode": "lost"}).encode(), {})
+        confirmation = asyncio.run(scenario(srv, target))
+        assert len(srv.app.made()) == 1 and srv.app.replays == 1
+        assert confirmation.receipt_id == srv.app.made()[0]["id"]
+        assert confirmation.called and confirmation.value["idempotent_replayed"] is True
