@@ -20,8 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from effect_ledger.errors import EffectInProgress, EffectUncertain
+from effect_ledger.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.targets import payment
 
 EXIT_OK, EXIT_UNCERTAIN, EXIT_REJECTED, EXIT_IN_PROGRESS = 0, 3, 4, 5
@@ -71,7 +72,13 @@ async def _open_ticket(http: aiohttp.ClientSession, api: str, place: Any, key: s
 async def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     targets = Path(args.workdir) / "targets.toml"
     targets.write_text(declaration(args.kind, args.api, args.search_lag, args.backoff))
-    async with await Ledger.open(str(Path(args.workdir) / "effects.db"), targets=str(targets)) as ledger:
+    # Kafka mode: the intent is on Kafka before the call (sync), so that a restart on another host,
+    # with an empty disk, learns of it through the ledger processor (lookup).
+    kafka = KafkaConfig.from_env(bootstrap=args.kafka, prefix=args.prefix) if args.kafka else None
+    db = str(Path(args.workdir) / "effects.db")
+    async with await Ledger.open(
+        db, targets=str(targets), kafka=kafka, sync=kafka is not None, lookup=args.lookup
+    ) as ledger:
         place = ledger.target(TARGET[args.kind]).reconciler.place  # type: ignore[union-attr]
         send = _pay if args.kind == "payment" else _open_ticket
         async with aiohttp.ClientSession() as http:
@@ -94,6 +101,11 @@ async def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                     if loop.time() >= give_up:
                         return EXIT_IN_PROGRESS, {"result": "in_progress", "reason": str(e)}
                     await asyncio.sleep(min(1.0, max(0.05, (e.retry_after_ms or 200) / 1000)))
+                except LedgerUnavailable as e:
+                    # Kafka or the processor cannot vouch for the key yet: hold, ask again shortly.
+                    if loop.time() >= give_up:
+                        return EXIT_IN_PROGRESS, {"result": "unavailable", "reason": str(e)}
+                    await asyncio.sleep(0.2)
                 except EffectUncertain as e:
                     return EXIT_UNCERTAIN, {"result": "uncertain", "key": e.effect_id, "state": e.state}
                 except Rejected as e:
@@ -110,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backoff", default="")
     p.add_argument("--timeout", type=float, default=1.0)
     p.add_argument("--patience", type=float, default=30.0)
+    p.add_argument("--kafka", default=None, help="Kafka mode: bootstrap servers")
+    p.add_argument("--prefix", default=None, help="Kafka mode: topic prefix")
+    p.add_argument("--lookup", default=None, help="Kafka mode: the ledger processor's URL")
     args = p.parse_args(argv)
     code, out = asyncio.run(run(args))
     print(json.dumps(out), flush=True)
