@@ -164,3 +164,13 @@ def _admin(url: str, path: str, body: dict[str, Any]) -> None:
     req = urllib.request.Request(url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=5) as r:
         assert r.status == 200
+
+
+def test_absence_was_held_until_the_index_could_show_the_call(outcomes: list[Outcome]) -> None:
+    """after_intent: nothing was sent. An empty search right after the deadline proves nothing (the
+    call could still land, and the index lags): held first, ABSENT only after, then executed once."""
+    for o in outcomes:
+        if o.point == crashpoints.AFTER_INTENT:
+            held = o.evidence.find(f"{o.kind}:{TARGET[o.kind]}:UNKNOWN:absent so far")
+            proven = o.evidence.find(f"{o.kind}:{TARGET[o.kind]}:ABSENT:")
+            assert 0 <= held < proven, f"{o.kind}: {o.evidence}"
