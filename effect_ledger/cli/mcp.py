@@ -62,6 +62,11 @@ def mcp_proxy(
     stdio: effects mcp-proxy --db effects.db --targets targets.toml -- python server.py
 
     HTTP: effects mcp-proxy --db effects.db --targets targets.toml --upstream http://127.0.0.1:8000/mcp
+
+    Without a run id (from the agent's _meta or --run-id), a write tool's call that repeats the same
+    arguments within the tool's repeat_window (default 24h) is the same effect, also through a
+    restarted proxy; a tool declared repeats = "per-session" opts out. The proxy prints, at start,
+    which rule each write tool runs under.
     """
     from effect_ledger.errors import LedgerError
     from effect_ledger.mcp.policy import load_policy

@@ -99,7 +99,9 @@ def reconciler(
         project = _text(body, "project", fail) if "project" in body else None
         return ticket.TicketSearch(api, key_field=_text(body, "key_field", fail), project=project, **kw)
     except ValueError as e:
-        raise fail(str(e), "api") from None
+        # The message starts with the setting it is about ("max_pages must ...", "api '...' must ...").
+        field = next((f for f in sorted(KIND_SETTINGS) if str(e).startswith(f)), None)
+        raise fail(str(e), field) from None
 
 
 def search_lag_s(reconciler: object) -> float:
