@@ -28,7 +28,8 @@ from typing import Any
 
 import pytest
 
-from effect_ledger.core.model import State
+from effect_ledger.core.effect import attempt_deadline
+from effect_ledger.core.model import State, Verdict
 from effect_ledger.demo.fake_api import Running
 from effect_ledger.demo.payment_api import payment_api
 from effect_ledger.demo.ticket_api import ticket_api
@@ -52,6 +53,7 @@ class Outcome:
     receipt_id: str | None
     evidence: str
     second_exit: int
+    early_absent: list[int] | None = None  # ABSENT answers recorded before the call could no longer show
 
 
 def _fake(kind: str) -> Running:
@@ -73,17 +75,19 @@ def _agent(
     return p.returncode, (json.loads(lines[-1]) if lines else {})
 
 
-async def _settle(workdir: Path, kind: str, api: str, backoff: str = "") -> tuple[str | None, str | None, str]:
+async def _settle(
+    workdir: Path, kind: str, api: str, backoff: str = ""
+) -> tuple[str | None, str | None, str, list[int]]:
     """Run the embedded runner over what the agent left, until the effect is no longer open."""
     db = workdir / "effects.db"
     if not db.exists():
-        return None, None, ""
+        return None, None, "", []
     targets = workdir / "settle.toml"
     targets.write_text(declaration(kind, api, "1s", backoff))
     async with await Ledger.open(str(db), targets=str(targets)) as ledger:
         rows = await ledger.store.query("SELECT effect_id FROM effects")
         if not rows:
-            return None, None, ""
+            return None, None, "", []
         key = rows[0]["effect_id"]
         runner = Runner(ledger, interval=0.05, grace_ms=0)
         loop = asyncio.get_running_loop()
@@ -97,7 +101,15 @@ async def _settle(workdir: Path, kind: str, api: str, backoff: str = "") -> tupl
         assert effect is not None
         evidence = "; ".join(f"{r.reconciler}:{r.verdict.value}:{r.reason}" for r in effect.resolutions)
         receipt = effect.receipt.receipt_id if effect.receipt is not None else None
-        return effect.state.value, receipt, evidence
+        # How early each ABSENT came (ms; negative is early) against the attempt's deadline plus the
+        # target's lands_within (which holds the declared search lag), all on the log's time.
+        lands_ms = ledger.target(TARGET[kind]).lands_within_ms
+        margins = [
+            effect.log_time(r) - ((attempt_deadline(effect, r.attempt) or 0) + lands_ms)
+            for r in effect.resolutions
+            if r.verdict == Verdict.ABSENT
+        ]
+        return effect.state.value, receipt, evidence, margins
 
 
 def _cell(point: str, kind: str) -> Outcome:
@@ -105,8 +117,9 @@ def _cell(point: str, kind: str) -> Outcome:
         run_id = f"run-{uuid.uuid4().hex[:12]}"
         code, _ = _agent(kind, srv.url, Path(tmp), run_id, point)
         second, _ = _agent(kind, srv.url, Path(tmp), run_id, None)
-        state, receipt, evidence = asyncio.run(_settle(Path(tmp), kind, srv.url))
-        return Outcome(point, kind, code == -signal.SIGKILL, srv.app.made(), state, receipt, evidence, second)
+        state, receipt, evidence, margins = asyncio.run(_settle(Path(tmp), kind, srv.url))
+        made = srv.app.made()
+        return Outcome(point, kind, code == -signal.SIGKILL, made, state, receipt, evidence, second, margins)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +167,7 @@ def test_a_destination_that_cannot_answer_ends_escalated_never_absent(kind: str)
             _admin(srv.url, "/_admin/fail", {"on": "search", "mode": mode, "count": 20})
         second, out = _agent(kind, srv.url, Path(tmp), run_id, None, "--backoff", backoff)
         assert second == 3, out  # uncertain: the run holds, nothing is sent
-        state, receipt, evidence = asyncio.run(_settle(Path(tmp), kind, srv.url, backoff))
+        state, receipt, evidence, _ = asyncio.run(_settle(Path(tmp), kind, srv.url, backoff))
         assert state == "ESCALATED" and receipt is None, (state, evidence)
         assert "ABSENT" not in evidence and "FOUND" not in evidence, evidence
         assert len(srv.app.made()) == 1
@@ -166,11 +179,12 @@ def _admin(url: str, path: str, body: dict[str, Any]) -> None:
         assert r.status == 200
 
 
-def test_absence_was_held_until_the_index_could_show_the_call(outcomes: list[Outcome]) -> None:
-    """after_intent: nothing was sent. An empty search right after the deadline proves nothing (the
-    call could still land, and the index lags): held first, ABSENT only after, then executed once."""
+def test_absence_was_proven_only_once_the_index_could_show_the_call(outcomes: list[Outcome]) -> None:
+    """after_intent: nothing was sent, and the restart found nothing. ABSENT (which let it execute)
+    was recorded only after the attempt's deadline plus lands_within plus the declared search lag:
+    before that an empty search proves nothing (an "absent so far" hold, when the restart asked early)."""
     for o in outcomes:
         if o.point == crashpoints.AFTER_INTENT:
-            held = o.evidence.find(f"{o.kind}:{TARGET[o.kind]}:UNKNOWN:absent so far")
-            proven = o.evidence.find(f"{o.kind}:{TARGET[o.kind]}:ABSENT:")
-            assert 0 <= held < proven, f"{o.kind}: {o.evidence}"
+            assert o.early_absent, f"{o.kind}: no ABSENT was recorded: {o.evidence}"
+            assert all(margin >= 0 for margin in o.early_absent), f"{o.kind}: {o.early_absent} {o.evidence}"
+            assert "absent so far" not in o.evidence or o.evidence.index("absent so far") < o.evidence.index(":ABSENT:")
