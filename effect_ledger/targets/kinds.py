@@ -100,8 +100,8 @@ def reconciler(
         return ticket.TicketSearch(api, key_field=_text(body, "key_field", fail), project=project, **kw)
     except ValueError as e:
         # The message starts with the setting it is about ("max_pages must ...", "api '...' must ...").
-        field = next((f for f in sorted(KIND_SETTINGS) if str(e).startswith(f)), None)
-        raise fail(str(e), field) from None
+        about = next((f for f in sorted(KIND_SETTINGS) if str(e).startswith(f)), None)
+        raise fail(str(e), about) from None
 
 
 def search_lag_s(reconciler: object) -> float:
