@@ -110,10 +110,13 @@ class WriteCalls:
             )
         try:
             ident = call_identity(write, arguments, meta, self.policy.run_id or session_run)
-            if windowed(write, meta, self.policy.run_id):
-                ident = await self._in_window(write, ident)
         except InvalidEffect as e:
             return error_response(rid, -32602, f"effect-ledger: {e}")
+        if windowed(write, meta, self.policy.run_id):
+            try:
+                ident = await self._in_window(write, ident)
+            except LedgerError as e:  # the ledger cannot say which effect it is: nothing is sent
+                return result_response(rid, _explain(write, e))
 
         live: dict[str, Any] = {}
 
