@@ -62,6 +62,11 @@ def mcp_proxy(
     stdio: effects mcp-proxy --db effects.db --targets targets.toml -- python server.py
 
     HTTP: effects mcp-proxy --db effects.db --targets targets.toml --upstream http://127.0.0.1:8000/mcp
+
+    Without a run id (from the agent's _meta or --run-id), a write tool's call that repeats the same
+    arguments within the tool's repeat_window (default 24h) is the same effect, also through a
+    restarted proxy; a tool declared repeats = "per-session" opts out. The proxy prints, at start,
+    which rule each write tool runs under.
     """
     from effect_ledger.errors import LedgerError
     from effect_ledger.mcp.policy import load_policy
@@ -88,6 +93,8 @@ def mcp_proxy(
         fail(str(e))
     if not policy.writes:
         click.echo("effects mcp-proxy: no write tools declared: every call passes through unrecorded", err=True)
+    for write in policy.writes.values():  # said before anything runs: which rule keys each write
+        click.echo(f"effects mcp-proxy: {write.describe(policy.run_id)}", err=True)
 
     async def go() -> int:
         from effect_ledger.mcp.calls import WriteCalls

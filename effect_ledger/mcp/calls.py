@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from effect_ledger.core.keys import canonical_json
+from effect_ledger.core.keys import canonical_json, effect_key
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
 from effect_ledger.errors import (
     DefiniteFailure,
@@ -35,7 +35,15 @@ from effect_ledger.errors import (
     InvalidEffect,
     LedgerError,
 )
-from effect_ledger.mcp.policy import KEY_META, Policy, WriteTool, call_identity
+from effect_ledger.mcp.policy import (
+    KEY_META,
+    CallIdentity,
+    Policy,
+    WriteTool,
+    call_identity,
+    window_identity,
+    windowed,
+)
 from effect_ledger.mcp.wire import INVALID_REQUEST, Upstream, error_response, result_response
 from effect_ledger.sdk.ledger import Confirmation, Ledger
 
@@ -104,6 +112,11 @@ class WriteCalls:
             ident = call_identity(write, arguments, meta, self.policy.run_id or session_run)
         except InvalidEffect as e:
             return error_response(rid, -32602, f"effect-ledger: {e}")
+        if windowed(write, meta, self.policy.run_id):
+            try:
+                ident = await self._in_window(write, ident)
+            except LedgerError as e:  # the ledger cannot say which effect it is: nothing is sent
+                return result_response(rid, _explain(write, e))
 
         live: dict[str, Any] = {}
 
@@ -136,6 +149,33 @@ class WriteCalls:
         # Called now: the agent gets the whole live result, even when the record had to be cut.
         value = live["result"] if confirmation.called and "result" in live else confirmation.value
         return result_response(rid, _annotate(confirmation, value, ident.source))
+
+    async def _in_window(self, write: WriteTool, ident: CallIdentity) -> CallIdentity:
+        """The identity of a call known only by its arguments: the first generation
+        (``window_identity``) whose effect does not exist or began within the tool's repeat window.
+        The generations that began before the window form a prefix (each is used only after the one
+        before it aged out), so it is found by galloping and bisecting: a few ledger reads."""
+        window_ms = int(write.repeat_window_s * 1000)
+
+        async def aged_out(generation: int) -> bool:
+            cand = window_identity(ident, generation)
+            assert cand.run_id is not None and cand.step is not None
+            key = effect_key(write.target, write.operation, cand.run_id, cand.step, self.ledger.namespace)
+            effect = await self.ledger.get(key)
+            if effect is None or effect.first_intent is None:
+                return False
+            # When the log took its first intent, not a writer's claim of it (DESIGN: time is data).
+            return self.ledger.now_ms() - effect.log_time(effect.first_intent) > window_ms
+
+        if not await aged_out(0):
+            return window_identity(ident, 0)
+        low, high = 0, 1
+        while await aged_out(high):
+            low, high = high, high * 2
+        while high - low > 1:
+            mid = (low + high) // 2
+            low, high = (mid, high) if await aged_out(mid) else (low, mid)
+        return window_identity(ident, high)
 
 
 def _classify(response: dict[str, Any], write: WriteTool) -> dict[str, Any]:

@@ -12,9 +12,15 @@ Write tools are declared in the targets file, beside the targets they write to, 
     lookup_tool = "find_refund"     # optional: called with {"idempotencyKey": KEY}
     timeout = "60s"                 # optional: the call's deadline (default 60s)
     tool_errors = "failed"          # optional: isError results mean "nothing happened" (or "uncertain")
+    repeats = "same-effect"         # optional (the default): without a run id, the same arguments
+    repeat_window = "24h"           # within this window are the same effect, across proxy restarts;
+                                    # "per-session": each MCP session mints its own keys (unsafe)
 
-The key rule (``call_identity``) is pinned by ``tests/unit/mcp/test_mcp_policy.py``: NEVER CHANGE IT
-SILENTLY, a different rule turns a retried call into a second effect.
+The key rule (``call_identity``, and ``window_identity`` for a call that names no run) is pinned by
+``tests/unit/mcp/test_mcp_policy.py`` and ``test_mcp_window.py``: NEVER CHANGE IT SILENTLY, a
+different rule turns a retried call into a second effect. The default for a call without any run id
+is the safe one: the same tool and arguments within the tool's ``repeat_window`` are one effect,
+across proxy restarts (``docs/guides/mcp-default-policy.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,14 @@ RUN_META = "effect-ledger/runId"  # the agent's run: the same in every retry of 
 STEP_META = "effect-ledger/stepId"  # the agent's logical step: tells apart two identical calls
 DEFAULT_TIMEOUT_S = 60.0
 TOOL_ERRORS = ("failed", "uncertain")
-_SETTINGS = {"target", "operation", "lookup_tool", "lookup_argument", "timeout", "tool_errors"}
+# What a call repeated without a run id is: the same effect within the window (the safe default),
+# or a new effect in every MCP session (a restarted proxy then executes a retried call again).
+REPEATS = ("same-effect", "per-session")
+DEFAULT_REPEAT_WINDOW_S = 24 * 3600.0  # as long as a payment API such as Stripe remembers a key
+WINDOW_RUN = "effect-ledger/mcp-window"  # the run of a call identified by its arguments and window
+_SETTINGS = {
+    "target", "operation", "lookup_tool", "lookup_argument", "timeout", "tool_errors", "repeats", "repeat_window",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,23 @@ class WriteTool:
     lookup_argument: str = KEY_META
     timeout_s: float = DEFAULT_TIMEOUT_S
     tool_errors: str = "failed"
+    repeats: str = "same-effect"
+    repeat_window_s: float = DEFAULT_REPEAT_WINDOW_S
+
+    def describe(self, run_id: str | None) -> str:
+        """The policy this tool runs under, in one line (the proxy says it on stderr at start)."""
+        head = f"write tool {self.tool!r} -> target {self.target!r} (operation {self.operation!r}): "
+        if run_id is not None:
+            return head + f"keys from --run-id {run_id!r} and the arguments (or the agent's own key or step)"
+        if self.repeats == "per-session":
+            return head + (
+                'repeats = "per-session": without a run id each MCP session mints new keys, so a call '
+                "retried through a restarted proxy may execute twice"
+            )
+        return head + (
+            f"a call repeating the same arguments within {_span(self.repeat_window_s)} is the same effect, "
+            "across proxy restarts, unless the agent sends its own runId, stepId or idempotencyKey"
+        )
 
 
 @dataclass(frozen=True)
@@ -71,7 +101,7 @@ class CallIdentity:
     key: str | None
     run_id: str | None
     step: str | None
-    source: str  # "agent-key", "agent-step" or "arguments": said in the proxy's answers
+    source: str  # "agent-key", "agent-step", "arguments" or "arguments-window": said in the proxy's answers
 
 
 def call_identity(write: WriteTool, arguments: Any, meta: Mapping[str, Any], session_run: str) -> CallIdentity:
@@ -82,6 +112,9 @@ def call_identity(write: WriteTool, arguments: Any, meta: Mapping[str, Any], ses
        RUN = ``_meta["effect-ledger/runId"]``, else the proxy's ``--run-id``, else the MCP session
        (``session_run``), and STEP = ``_meta["effect-ledger/stepId"]``, else ``"args:"`` + the
        sha256 of the tool's canonical arguments.
+
+    (When neither the agent nor ``--run-id`` names a run, ``WriteCalls`` replaces the session by the
+    tool's repeat window: see ``windowed`` and ``window_identity``.)
 
     So a retried call (same run, same step or same arguments) gets the same key, and its recorded
     result; a new call gets a new key when its step or its arguments differ. Consequence: two
@@ -99,6 +132,33 @@ def call_identity(write: WriteTool, arguments: Any, meta: Mapping[str, Any], ses
     if step is not None:
         return CallIdentity(None, run, step, "agent-step")
     return CallIdentity(None, run, "args:" + digest(canonical_json(arguments)), "arguments")
+
+
+def windowed(write: WriteTool, meta: Mapping[str, Any], run_id: str | None) -> bool:
+    """Whether a call is identified by its arguments within the tool's repeat window (the safe
+    default): the agent sent no key, run or step, the proxy has no ``--run-id``, and the tool is not
+    declared ``repeats = "per-session"``. (``call_identity`` would scope such a call to the MCP
+    session, which a restarted proxy does not share: a retried call would execute again.)"""
+    given = any(meta.get(k) is not None for k in (KEY_META, RUN_META, STEP_META))
+    return run_id is None and not given and write.repeats == "same-effect"
+
+
+def window_identity(ident: CallIdentity, generation: int) -> CallIdentity:
+    """The identity of a windowed call (``windowed``) in its ``generation``: run ``WINDOW_RUN``, step
+    the arguments' digest, then ``#1``, ``#2``, ... for each later window. The proxy takes the first
+    generation whose effect does not exist yet or began within the window (``effect_ledger.mcp.calls``),
+    so a repeat within the window finds the same effect, and a call after it a new one. Pinned with
+    ``call_identity``: NEVER CHANGE IT SILENTLY."""
+    assert ident.step is not None
+    step = ident.step if generation == 0 else f"{ident.step}#{generation}"
+    return CallIdentity(None, WINDOW_RUN, step, "arguments-window")
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
 
 
 def _meta_string(meta: Mapping[str, Any], name: str) -> str | None:
@@ -185,6 +245,17 @@ def _write(tool: str, body: Any, names: set[str], where: str) -> WriteTool:
     errors = body.get("tool_errors", "failed")
     if errors not in TOOL_ERRORS:
         raise TargetsError(f"{where}: tool_errors must be one of {', '.join(TOOL_ERRORS)}")
+    repeats = body.get("repeats", "same-effect")
+    if repeats not in REPEATS:
+        raise TargetsError(f"{where}: repeats must be one of {', '.join(REPEATS)}")
+    window_s = DEFAULT_REPEAT_WINDOW_S
+    if "repeat_window" in body:
+        try:
+            window_s = duration_ms(str(body["repeat_window"])) / 1000
+        except TimeSpecError as e:
+            raise TargetsError(f"{where}: repeat_window: {e}") from None
+        if window_s <= 0:
+            raise TargetsError(f"{where}: repeat_window must be longer than zero")
     timeout_s = DEFAULT_TIMEOUT_S
     if "timeout" in body:
         try:
@@ -193,4 +264,7 @@ def _write(tool: str, body: Any, names: set[str], where: str) -> WriteTool:
             raise TargetsError(f"{where}: timeout: {e}") from None
         if timeout_s <= 0:
             raise TargetsError(f"{where}: timeout must be longer than zero")
-    return WriteTool(tool, target, operation, timeout_s=timeout_s, tool_errors=errors, **strings)
+    return WriteTool(
+        tool, target, operation, timeout_s=timeout_s, tool_errors=errors, repeats=repeats, repeat_window_s=window_s,
+        **strings,
+    )  # fmt: skip

@@ -32,9 +32,11 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
                                          # (recorded ones only: not redacted, not digest/encrypt)
 
 A built-in destination kind is its own lookup: ``kind = "smtp"`` (an email; IMAP search by
-Message-ID, ``effect_ledger.targets.mail``) or ``kind = "sql"`` (a row guarded by a unique key
-column, ``effect_ledger.targets.sql``); docs/guides/reconcilers-mail-sql.md has a complete example
-of each. Every other target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
+Message-ID, ``effect_ledger.targets.mail``), ``kind = "sql"`` (a row guarded by a unique key
+column, ``effect_ledger.targets.sql``), ``kind = "payment"`` or ``kind = "ticket"`` (an API searched
+by the key, ``effect_ledger.targets.kinds``); docs/guides/reconcilers-mail-sql.md and
+docs/guides/reconcilers-payments-tickets.md have a complete example of each. Every other target says
+how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
 ``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
 default. A lookup may also set ``timeout``, ``found_status``, ``absent_status``, ``receipt_field``,
 ``state_field``, ``absent_values``, ``pending_values`` (see ``HttpReconciler``); any target may set
@@ -62,6 +64,7 @@ from effect_ledger.core.keys import check_name
 from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
 from effect_ledger.errors import MissingExtra, TargetsError
+from effect_ledger.targets import kinds
 from effect_ledger.targets.ask import CallableReconciler
 from effect_ledger.targets.http import MAX_BODY_LIMIT, HttpReconciler
 from effect_ledger.targets.mail import MailDestination
@@ -212,12 +215,21 @@ def _target(name: str, body: Any, where: _Where) -> Target:
     if not isinstance(body, dict):
         raise fail("expected a table [targets.NAME] of settings")
     kind = body.get("kind", "http")
-    if kind not in KINDS:
-        raise fail(f"kind must be one of {', '.join(sorted(KINDS))}, not {kind!r}", "kind")
-    unknown = set(body) - _COMMON - KINDS[kind]
+    if kind in kinds.KINDS:  # an API searched by the key (targets/kinds.py): its own settings and defaults
+        body = kinds.with_defaults(body, fail)
+        allowed: set[str] | frozenset[str] = kinds.settings(body)
+        bad = sorted((set(body) & _HTTP) - kinds.KIND_SETTINGS)
+        if bad:
+            raise fail(f"{bad[0]!r} applies to an HTTP lookup, not to kind {kind!r}", bad[0])
+    elif kind in KINDS:
+        allowed = KINDS[kind]
+    else:
+        known = sorted([*KINDS, *kinds.KINDS])
+        raise fail(f"kind must be one of {', '.join(known)}, not {kind!r}", "kind")
+    unknown = set(body) - _COMMON - allowed
     if unknown:
         field = sorted(unknown)[0]
-        raise fail(f"unknown setting {field!r} (known: {', '.join(sorted(_COMMON | KINDS[kind]))})", field)
+        raise fail(f"unknown setting {field!r} (known: {', '.join(sorted(_COMMON | allowed))})", field)
     lookup, reconciler_ref = body.get("lookup"), body.get("reconciler")
     if kind != "http" and (lookup is not None or reconciler_ref is not None):
         field = "lookup" if lookup is not None else "reconciler"
@@ -234,6 +246,10 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         reconciler = _mail(name, body, fail)
     elif kind == "sql":
         reconciler = _sql(name, body, fail)
+    elif kind in kinds.KINDS:
+        reconciler = kinds.reconciler(
+            name, body, fail, headers=_headers(body, fail), lands_within_s=_lands_within_s(body, fail)
+        )
     elif reconciler_ref is not None:
         if http_fields:
             raise fail(f"{http_fields[0]!r} applies to an HTTP lookup, not to a reconciler", http_fields[0])
@@ -254,11 +270,10 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         retention_s = None
     else:
         retention_s = _duration(retention, "key_retention", fail) / 1000
-    lands_within_s = DECISION_GRACE_MS / 1000
-    if "lands_within" in body:
-        lands_within_s = _duration(body["lands_within"], "lands_within", fail) / 1000
-        if lands_within_s > MAX_LANDS_WITHIN_S:
-            raise fail(f"lands_within must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
+    # A kind that asks by search: an empty search proves nothing until the index has caught up.
+    lands_within_s = _lands_within_s(body, fail) + kinds.search_lag_s(reconciler)
+    if lands_within_s > MAX_LANDS_WITHIN_S:
+        raise fail(f"lands_within plus search_lag must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
     errors = tuple(_error_class(ref, fail) for ref in _strings(body, "definite_errors", fail))
     receipt_id = body.get("receipt_id")
     receipt_fn: Callable[[Any], str] | None = None
@@ -267,6 +282,8 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         if not callable(obj):
             raise fail(f"receipt_id {receipt_id!r} is not callable", "receipt_id")
         receipt_fn = obj
+    elif kind in kinds.KINDS:
+        receipt_fn = kinds.receipt_id(kind)
     policy = bodies.parse(body, fail)
     searchable = _strings(body, "searchable", fail)
     try:
@@ -287,10 +304,17 @@ def _target(name: str, body: Any, where: _Where) -> Target:
     )
 
 
-def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> HttpReconciler:
-    url = _string(body, "lookup", fail)
-    if "{key}" not in url or not url.startswith(("http://", "https://")):
-        raise fail(f'lookup {url!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
+def _lands_within_s(body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> float:
+    if "lands_within" not in body:
+        return DECISION_GRACE_MS / 1000
+    lands_within_s = _duration(body["lands_within"], "lands_within", fail) / 1000
+    if lands_within_s > MAX_LANDS_WITHIN_S:
+        raise fail(f"lands_within must be at most {MAX_LANDS_WITHIN_S / 86400:g} days", "lands_within")
+    return lands_within_s
+
+
+def _headers(body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> dict[str, str]:
+    """The ``headers`` setting with ``${VAR}`` taken from the environment."""
     headers = body.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         raise fail("headers must be a table of strings", "headers")
@@ -302,7 +326,14 @@ def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError])
         expanded[k] = _ENV_REF.sub(lambda m: os.environ[m.group(1)], v)
         if "\r" in expanded[k] or "\n" in expanded[k]:
             raise fail(f"header {k!r} holds a line break (from the environment?)", "headers")
-    kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": expanded}
+    return expanded
+
+
+def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> HttpReconciler:
+    url = _string(body, "lookup", fail)
+    if "{key}" not in url or not url.startswith(("http://", "https://")):
+        raise fail(f'lookup {url!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
+    kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": _headers(body, fail)}
     if "timeout" in body:
         kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000
     for field in ("found_status", "absent_status"):

@@ -101,7 +101,11 @@ def proxy(tmp_path: Path, upstream: tuple[Upstream, str], request: pytest.Fixtur
     p = subprocess.Popen(proxy_cmd(tmp_path, upstream[1], *flags), stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert p.stderr is not None
-        banner = p.stderr.readline()
+        # The proxy first says which policy each write tool runs under, then where it listens.
+        for _ in range(100):
+            banner = p.stderr.readline()
+            if not banner or "listening on" in banner:
+                break
         found = re.search(r"listening on (http://127\.0\.0\.1:\d+/mcp)", banner)
         assert found, banner
         yield found.group(1)

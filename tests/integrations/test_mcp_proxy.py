@@ -237,7 +237,11 @@ def http_proxy(tmp_path: Path) -> Iterator[tuple[Setup, str]]:
     )
     try:
         assert proxy.stderr is not None
-        banner = proxy.stderr.readline()
+        # The proxy first says which policy each write tool runs under, then where it listens.
+        for _ in range(100):
+            banner = proxy.stderr.readline()
+            if not banner or "listening on" in banner:
+                break
         found = re.search(r"listening on (http://127\.0\.0\.1:\d+/mcp)", banner)
         assert found, banner
         _wait_listening(port, time.monotonic() + 30)
