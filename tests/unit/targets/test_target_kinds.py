@@ -44,7 +44,7 @@ def test_ticket_defaults_and_key_placement() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('[targets.x]\nkind = "fax"\n', ":2: target 'x': kind must be one of http, payment, smtp, sql, ticket, not 'fax'"),
+        ('[targets.x]\nkind = "fax"\n', ":2: target 'x': kind must be one of http, payment, smtp, sql, ticket"),
         (PAYMENT + 'lookup = "https://a/{key}"\n', ":4: target 'refunds': 'lookup' does not go with kind"),
         (PAYMENT + 'key_field = "labels"\n', ":4: target 'refunds': 'key_field' is a setting of kind 'ticket'"),
         (PAYMENT + "found_status = [200]\n", ":4: target 'refunds': 'found_status' applies to an HTTP lookup"),
