@@ -119,6 +119,9 @@ def print_comparison(console: Console, results: list[BenchResult], previous: dic
     t = Table(title=f"against the previous run ({previous.get('started', '?')})", header_style="bold")
     for col in ("benchmark", "metric", "before", "now", "unit", "ratio before", "ratio now"):
         t.add_column(col, justify="left" if col in ("benchmark", "metric", "unit") else "right")
+    if not any((r.name, m.metric) in before for r in results for m in r.metrics):
+        console.print(f"the previous run ({previous.get('started', '?')}) has none of these figures")
+        return
     for r in results:
         for m in r.metrics:
             old = before.get((r.name, m.metric))
