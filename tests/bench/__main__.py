@@ -18,14 +18,15 @@ from rich.console import Console
 
 from effect_ledger.streams.admin import BrokerUnavailable, wait_ready
 from effect_ledger.streams.config import KafkaConfig
-from tests.bench import assess, audit, claims, detection, processor, relay, sdk, wal
+from tests.bench import assess, audit, claims, detection, processor, relay, sdk, sdk_peers, wal
 from tests.bench.common import CPU_COUNT, ROOT, BenchResult, Context, Skip, disk_info
-from tests.bench.report import print_table, write_json
+from tests.bench.report import print_comparison, print_table, read_previous, write_json
 
 # name -> (function, needs the broker). In the order of the issue; memory reads the processor's
 # measured rate (to size its fill), so it runs after processor_throughput.
 BENCHMARKS: dict[str, tuple[Callable[[Context], BenchResult], bool]] = {
     "sdk_overhead_embedded": (sdk.run, False),
+    "sdk_peers": (sdk_peers.run, False),
     "wal_bound": (wal.run, False),
     "relay_throughput": (relay.run, True),
     "processor_throughput": (processor.run_throughput, True),
@@ -147,8 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     meta["interrupted"] = interrupted
     meta["sqlite_disk"] = disk_info(ctx.tmp_base)
     out = Path(args.json)
+    previous = read_previous(out)  # before it is written over: this run is compared with it
+    if previous is not None:
+        meta["previous"] = {k: previous.get(k) for k in ("started", "git", "quick", "repetitions")}
     write_json(out, results, meta)
     print_table(console, results, f"effect-ledger benchmarks ({mode}, {CPU_COUNT} cores, {meta['seconds']:.0f} s)")
+    if previous is not None:
+        print_comparison(console, results, previous)
     console.print(f"results written to {out}")
     if interrupted:
         return 130

@@ -53,7 +53,7 @@ from tests.bench.common import (
 from tests.bench.previous_worker import PREVIOUS_REV
 
 TARGET_EVENTS_PER_S = 6_000.0  # per worker (issue 11)
-TARGET_OF_CEILING = 0.55  # of faust delivering the same records to an agent that does nothing
+TARGET_OF_CEILING = 0.8  # of faust delivering the same records to an agent that does nothing (issue 36)
 TARGET_TWO_WORKERS = 1.6  # 2 workers vs 1
 TARGET_RSS_MB = 500.0  # worker RSS after 1,000,000 effects (issue 11)
 EVENTS_PER_EFFECT = 3
@@ -264,6 +264,7 @@ def run_throughput(ctx: Context) -> BenchResult:
     two = Metric("2 workers vs 1 (same run)", "x", [], higher_is_better=True, target=TARGET_TWO_WORKERS)
     prev = Metric("batched vs the previous processor (same run)", "x", [], higher_is_better=True)
     raws, twos, prevs, cpu, cpu2 = [], [], [], [], []
+    prev_failed = ""
     for rep in range(ctx.reps):
         # One topic set per measurement (a fresh group folds from the start), in the same rep.
         cfg = ctx.kafka("proc")
@@ -275,6 +276,7 @@ def run_throughput(ctx: Context) -> BenchResult:
         r1, n1, c1 = fold_rate(ctx, [Processor(cfg, wd / f"one-{rep}")], cfg, factory, effects, cap)
         ctx.drop(cfg)
         one.runs.append(r1)
+        one.ratio_runs.append(r1 / one.raw_limit_runs[-1])  # the ceiling of the same repetition
         cpu.append(c1)
         cfg = ctx.kafka("proc2")
         procs = [Processor(cfg, wd / f"two-{rep}-{i}") for i in range(2)]
@@ -291,12 +293,18 @@ def run_throughput(ctx: Context) -> BenchResult:
         )
         if previous is not None:
             cfg = ctx.kafka("prev")
-            rp, np_, _ = fold_rate(ctx, [PreviousProcessor(cfg, wd / f"prev-{rep}", previous)], cfg, factory,
-                                   effects, cap)  # fmt: skip
+            try:
+                rp, np_, _ = fold_rate(ctx, [PreviousProcessor(cfg, wd / f"prev-{rep}", previous)], cfg, factory,
+                                       effects, cap)  # fmt: skip
+            except RuntimeError as e:
+                # The old processor imports modules that have moved since: the row is left out
+                # rather than the whole benchmark (the figures of this tree stand on their own).
+                previous, prev_failed = None, str(e).splitlines()[-1]
+            else:
+                prev.runs.append(r1 / rp)
+                prevs.append(rp)
+                line += f"; previous processor {fmt(rp)} events/s ({r1 / rp:.2f}x)"
             ctx.drop(cfg)
-            prev.runs.append(r1 / rp)
-            prevs.append(rp)
-            line += f"; previous processor {fmt(rp)} events/s ({r1 / rp:.2f}x)"
         ctx.progress(line)
     one.extra = {
         "effects_per_measurement": effects,
@@ -313,6 +321,8 @@ def run_throughput(ctx: Context) -> BenchResult:
     metrics = [one, two] + ([prev] if prevs else [])
     ctx.shared["processor_events_per_s"] = one.median
     note = None if previous is not None else "the previous processor could not be read from git: not compared"
+    if prev_failed:
+        note = f"the previous processor did not start ({prev_failed}): not compared"
     return BenchResult("processor_throughput", "ran", metrics, note=note, info={"events_per_effect": EVENTS_PER_EFFECT})
 
 

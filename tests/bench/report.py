@@ -96,3 +96,45 @@ def _clean(o: Any) -> Any:
     if isinstance(o, list | tuple):
         return [_clean(v) for v in o]
     return o
+
+
+def read_previous(path: Path) -> dict[str, Any] | None:
+    """The results file of an earlier run, if there is a readable one (anything else: None)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("benchmarks"), list) else None
+
+
+def print_comparison(console: Console, results: list[BenchResult], previous: dict[str, Any]) -> None:
+    """Each figure of this run beside the same figure of ``previous`` (the file this run replaced):
+    the medians and, where both have one, the ratios to the raw limit, the steadier of the two when
+    the machine's load differed between the runs."""
+    before: dict[tuple[str, str], dict[str, Any]] = {}
+    for b in previous["benchmarks"]:
+        for m in b.get("metrics") or []:
+            if isinstance(m, dict) and "metric" in m:
+                before[(str(b.get("name")), str(m["metric"]))] = m
+    t = Table(title=f"against the previous run ({previous.get('started', '?')})", header_style="bold")
+    for col in ("benchmark", "metric", "before", "now", "unit", "ratio before", "ratio now"):
+        t.add_column(col, justify="left" if col in ("benchmark", "metric", "unit") else "right")
+    if not any((r.name, m.metric) in before for r in results for m in r.metrics):
+        console.print(f"the previous run ({previous.get('started', '?')}) has none of these figures")
+        return
+    for r in results:
+        for m in r.metrics:
+            old = before.get((r.name, m.metric))
+            if old is None:
+                continue
+            ratio, old_ratio = m.ratio, old.get("ratio")
+            t.add_row(
+                r.name,
+                m.metric,
+                fmt(old["median"]) if old.get("median") is not None else "-",
+                fmt(m.median),
+                m.unit,
+                f"{old_ratio:.2f}" if isinstance(old_ratio, int | float) else "-",
+                "-" if ratio is None or math.isnan(ratio) else f"{ratio:.2f}",
+            )
+    console.print(t)

@@ -1,0 +1,103 @@
+"""``SyncLedger``'s call threads are kept between calls: a call runs in a thread that ran an earlier
+call, a call that hangs past its deadline holds only its own thread (the next call gets another),
+and closing the ledger ends the idle ones."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from effect_ledger import SyncLedger
+from effect_ledger.core.reconcile import Target
+from effect_ledger.errors import EffectUncertain
+from effect_ledger.sdk.sync import _CallThreads
+
+
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def idle_call_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == _CallThreads.IDLE_NAME and t.is_alive()]
+
+
+def execute(ledger: SyncLedger, step: str, call: Callable[[str], Any], timeout: float = 10.0) -> Any:
+    return ledger.execute(
+        target="payments", operation="refund.create", run_id="r", step=step, request={"order": step},
+        call=call, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_sequential_calls_run_in_one_kept_thread_named_after_the_call(tmp_path: Path) -> None:
+    seen: list[tuple[int, str]] = []
+
+    def call(key: str) -> dict[str, str]:
+        seen.append((threading.get_ident(), threading.current_thread().name))
+        return {"id": "re_" + key[-8:]}
+
+    with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+        for i in range(5):
+            execute(ledger, f"s{i}", call)
+        assert len({ident for ident, _ in seen}) == 1, seen
+        assert all(name.startswith("effect-ledger call payments:") for _, name in seen), seen
+        wait_until(lambda: len(idle_call_threads()) == 1, what="the call thread to be idle")
+    wait_until(lambda: not idle_call_threads(), what="close to end the idle call thread")
+
+
+def test_a_call_that_hangs_past_its_deadline_keeps_its_thread_and_the_next_call_gets_another(
+    tmp_path: Path,
+) -> None:
+    release = threading.Event()
+    threads: list[int] = []
+
+    def hangs(key: str) -> None:
+        threads.append(threading.get_ident())
+        release.wait(60)
+
+    def quick(key: str) -> dict[str, str]:
+        threads.append(threading.get_ident())
+        return {"id": "re_quick"}
+
+    with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+        with pytest.raises(EffectUncertain):
+            execute(ledger, "hangs", hangs, timeout=0.2)
+        assert execute(ledger, "quick", quick).receipt_id == "re_quick"
+        assert threads[0] != threads[1], "the hung call's thread was given another call"
+        release.set()
+        # The late return is dropped, and its thread goes back to the idle ones.
+        wait_until(lambda: len(idle_call_threads()) == 2, what="both call threads to be idle")
+        assert execute(ledger, "again", quick).receipt_id == "re_quick"
+        assert threads[2] in threads[:2]
+
+
+def test_idle_threads_are_bounded_and_end_after_their_idle_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_CallThreads, "MAX_IDLE", 2)
+    monkeypatch.setattr(_CallThreads, "IDLE_S", 0.2)
+    pool = _CallThreads()
+    go = threading.Event()
+    started = threading.Semaphore(0)
+
+    def job() -> None:
+        started.release()
+        go.wait(10)
+
+    for i in range(4):
+        pool.run(job, f"effect-ledger call bounded-{i}")
+    for _ in range(4):
+        assert started.acquire(timeout=10)
+    go.set()
+    # Four threads ran at once; two stay idle at most, and those end after IDLE_S.
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("effect-ledger call bounded")],
+               what="the calls to end")  # fmt: skip
+    assert len(idle_call_threads()) <= 2
+    wait_until(lambda: not idle_call_threads(), what="the idle threads to end")
+    pool.close()
