@@ -63,6 +63,7 @@ from effect_ledger.errors import (
     StorageError,
     UnknownTarget,
 )
+from effect_ledger.metrics import tracing
 from effect_ledger.sdk import bodies, crashpoints
 from effect_ledger.sdk._workers import LocalWorker, owner_alive
 from effect_ledger.sdk.erasure import Keyring
@@ -260,6 +261,31 @@ class Executor:
         return (await self.record_answer(effect, target, answer, asked, asked_at))[0]
 
     async def _attempt(
+        self, key: str, before: Effect | None, spec: CallSpec, call: Call, step: Execute
+    ) -> Confirmation:
+        """One attempt, in an OpenTelemetry span when the application records them
+        (``effect_ledger.metrics.tracing``): the span ends with the effect's state after it."""
+        attempt = step.attempt
+        with tracing.effect_span(
+            "attempt", key, spec.target, spec.operation, attempt, run_id=spec.run_id, step=spec.step
+        ) as span:
+            if span is None:
+                return await self._attempt_untraced(key, before, spec, call, step)
+            try:
+                confirmation = await self._attempt_untraced(key, before, spec, call, step)
+            except BaseException as e:
+                # The state the ledger holds now, not one guessed from the exception: a rejection
+                # is FAILED, an unknown outcome UNCERTAIN, an unrecordable one still PENDING.
+                try:
+                    after = (await self.store.load(key)).effect
+                except Exception:  # the store failed too: the exception says what happened
+                    after = None
+                span.end_state(after.state.value if after is not None else "UNRECORDED", e)
+                raise
+            span.end_state(State.CONFIRMED.value)
+            return confirmation
+
+    async def _attempt_untraced(
         self, key: str, before: Effect | None, spec: CallSpec, call: Call, step: Execute
     ) -> Confirmation:
         crashpoints.reached(crashpoints.BEFORE_INTENT)
