@@ -26,7 +26,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect, Verdict
 from effect_ledger.core.reconcile import Target, judge, only_the_agent_can_ask, target_for, view_of_uncertain
 from effect_ledger.errors import DecodeError, EncodeError, NotAuthorized
-from effect_ledger.metrics import logs
+from effect_ledger.metrics import logs, tracing
 from effect_ledger.metrics.logs import DEFAULT_SUMMARY_S, Summary
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.acl import RECONCILER_GROUP
@@ -333,12 +333,16 @@ class ReconcileService:
         if declared and only_the_agent_can_ask(v, target, now()):
             self.stats.skipped += 1
             return None
-        async with self._sem:
-            # An "absent" is what the destination said when it was asked: judged at that time, not
-            # when the answer came back (a slow answer must not carry an early ask past the window).
-            asked = now()
-            answer, name = await ask(v, target, asked, declared=declared)
-        resolution = judge(v, target, answer, name, asked)
+        with tracing.effect_span("reconcile", u.effect_id, u.target, u.operation, u.attempt) as span:
+            async with self._sem:
+                # An "absent" is what the destination said when it was asked: judged at that time, not
+                # when the answer came back (a slow answer must not carry an early ask past the window).
+                asked = now()
+                answer, name = await ask(v, target, asked, declared=declared)
+            resolution = judge(v, target, answer, name, asked)
+            if span is not None:
+                span.span.set_attribute("effect_ledger.verdict", resolution.verdict.value)
+                span.end_state(_STATE_AFTER.get(resolution.verdict, "UNCERTAIN"))
         self.stats.resolutions[resolution.verdict.value] = self.stats.resolutions.get(resolution.verdict.value, 0) + 1
         if self.metrics is not None:
             self.metrics.resolutions.labels(verdict=resolution.verdict.value).inc()
@@ -376,6 +380,9 @@ def _partition_eof(m: Message) -> bool:
         log.warning("consumer: %s", err)
     return True
 
+
+# The state a verdict leads the effect to, once the worker folds it (for the reconcile span).
+_STATE_AFTER = {Verdict.FOUND: "CONFIRMED", Verdict.ABSENT: "ABSENT", Verdict.ESCALATE: "ESCALATED"}
 
 _COORDINATOR_STARTING = frozenset(
     {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
