@@ -63,9 +63,9 @@ def test_text_lines_are_a_sentence_then_the_fields(stream: io.StringIO) -> None:
 @pytest.mark.parametrize(
     "logger, text",
     [
-        ("aiokafka.consumer.group_coordinator", "Group Coordinator Request failed: [Error 15] CoordinatorNotAvailableError"),
+        ("aiokafka.consumer.group_coordinator", "Coordinator Request failed: [Error 15] CoordinatorNotAvailableError"),
         ("aiokafka.consumer.group_coordinator", "OffsetCommit failed: [Error 16] NotCoordinatorForGroupError"),
-        ("librdkafka", "GETPID [rdkafka#producer-3] Failed to acquire idempotence PID: Broker: Coordinator load in progress"),
+        ("librdkafka", "GETPID [rdkafka#producer-3] Failed to acquire PID: Broker: Coordinator load in progress"),
         ("librdkafka", "COMMITFAIL [rdkafka#consumer-1] Offset commit failed: Broker: Not coordinator"),
     ],
 )  # fmt: skip
