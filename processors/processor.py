@@ -283,7 +283,7 @@ class LedgerProcessor:
         )
         self._batch_done = asyncio.Event()  # set (and replaced) after every batch: lookups wait on it
         self.handover = Handover(self.s.drain_s, faust_internals.leave_unacknowledged, self._forget_partitions)
-        self.app.before_stop = self.handover.stop
+        self.app.before_stop = self._stopping
         self._register()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -453,6 +453,10 @@ class LedgerProcessor:
         return frozenset(
             tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name()
         )
+
+    async def _stopping(self) -> None:
+        self.summary.emit()  # what it counted since the last summary, before it goes
+        await self.handover.stop()
 
     def _say_partitions(self, name: str, verb: str, tps: Any) -> None:
         """One line per rebalance: the events partitions this worker was given or lost."""

@@ -567,10 +567,24 @@ def relay(
                 f"{pending} events from {db} to {cfg.topics.events} on {cfg.bootstrap}",
                 db=db, bootstrap=cfg.bootstrap, topics=[cfg.topics.events], pending=pending,
             )  # fmt: skip
+            from effect_ledger.metrics.logs import Summary
+
+            summary = Summary(logging.getLogger("effect_ledger.relay"), log_summary)
+            counted = [0]
+
+            def sent_so_far(n: int) -> None:
+                progress.update(task, completed=n)
+                summary.count("events_sent", n - counted[0])
+                counted[0] = n
+                summary.tick(pending=max(0, pending - n))
+
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
                 relay = Relay(store, cfg)
-                sent = await relay.drain(lambda n: progress.update(task, completed=n))
+                sent = await relay.drain(sent_so_far)
+            summary.count("events_sent", sent - counted[0])
+            summary.count("dead_letters", relay.stats.dead_letters)
+            summary.emit()
             return sent, relay.stats.dead_letters
         finally:
             await store.close()
