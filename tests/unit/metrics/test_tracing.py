@@ -10,6 +10,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -20,6 +21,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from effect_ledger.core.reconcile import Found, Target
 from effect_ledger.errors import EffectUncertain
+from effect_ledger.mcp.calls import WriteCalls
+from effect_ledger.mcp.policy import Policy, WriteTool
 from effect_ledger.metrics import tracing
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.sdk.runner import Runner
@@ -151,3 +154,44 @@ def test_nothing_is_traced_without_a_provider_or_the_extra(tmp_path: Path, missi
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["untraced", "True" if missing == "no extra" else "False"]
+
+
+class McpServer:
+    """A fake MCP server (the destination): answers ``tools/call`` as a server does, once per call."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    async def request(self, method: str, params: dict[str, Any], request_id: Any = None) -> dict[str, Any]:
+        assert method == "tools/call"
+        self.calls.append(params)
+        return {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": "refunded"}]}}
+
+    async def refuses_caller(self) -> str | None:
+        return None
+
+
+def test_an_mcp_proxy_write_is_a_genai_tool_call(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    policy = Policy(writes={"refund_order": WriteTool("refund_order", "payments", "refund.create")}, run_id="run-7")
+    server = McpServer()
+
+    async def main() -> dict[str, Any]:
+        async with await Ledger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+            calls = WriteCalls(ledger, policy)
+            msg = {
+                "jsonrpc": "2.0", "id": 42, "method": "tools/call",
+                "params": {"name": "refund_order", "arguments": {"order": "1001"}, "_meta": {"step": "order-1001"}},
+            }  # fmt: skip
+            assert calls.is_write_call(msg)
+            return await calls.handle(msg, server, "session-1")
+
+    answer = run(main())
+    assert "result" in answer and len(server.calls) == 1
+    (span,) = spans.get_finished_spans()
+    assert span.name == "execute_tool refund_order"
+    assert span.attributes is not None
+    assert span.attributes["gen_ai.operation.name"] == "execute_tool"
+    assert span.attributes["gen_ai.tool.name"] == "refund_order"
+    assert span.attributes["gen_ai.tool.call.id"] == "42"
+    assert span.attributes["effect_ledger.target"] == "payments"
+    assert span.attributes["effect_ledger.state"] == "CONFIRMED"
