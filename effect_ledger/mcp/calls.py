@@ -35,9 +35,9 @@ from effect_ledger.errors import (
     InvalidEffect,
     LedgerError,
 )
-from effect_ledger.metrics import tracing
 from effect_ledger.mcp.policy import KEY_META, Policy, WriteTool, call_identity
 from effect_ledger.mcp.wire import INVALID_REQUEST, Upstream, error_response, result_response
+from effect_ledger.metrics import tracing
 from effect_ledger.sdk.ledger import Confirmation, Ledger
 
 EFFECT_META = "effect-ledger/effect"  # on every result of a recorded call
