@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from effect_ledger.core.reconcile import Found, Target
 from effect_ledger.errors import EffectUncertain
+from effect_ledger.integrations._tools import tool_function
 from effect_ledger.mcp.calls import WriteCalls
 from effect_ledger.mcp.policy import Policy, WriteTool
 from effect_ledger.metrics import tracing
@@ -195,3 +197,40 @@ def test_an_mcp_proxy_write_is_a_genai_tool_call(tmp_path: Path, spans: InMemory
     assert span.attributes["gen_ai.tool.call.id"] == "42"
     assert span.attributes["effect_ledger.target"] == "payments"
     assert span.attributes["effect_ledger.state"] == "CONFIRMED"
+
+
+@dataclass
+class ToolContext:
+    """What the OpenAI Agents SDK's ToolContext and Pydantic AI's RunContext both carry."""
+
+    tool_call_id: str
+
+
+def refund(order: str, *, idempotency_key: str) -> dict[str, str]:
+    return {"id": f"re_{order}", "key": idempotency_key}
+
+
+def test_an_agent_frameworks_tool_is_a_genai_tool_call(tmp_path: Path, spans: InMemorySpanExporter) -> None:
+    """The tool function the OpenAI Agents SDK and Pydantic AI adapters hand their framework."""
+
+    async def main() -> Any:
+        async with await Ledger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+
+            async def run_it(op: str, request: Any, call: Any, effect_ledger_context: Any) -> Any:
+                return await ledger.execute(
+                    target="payments", operation=op, request=request, call=call, run_id="r", step="order-1001"
+                )
+
+            tool = tool_function(
+                refund, name="refund_order", operation="refund.create", key_arg="idempotency_key",
+                context_type=ToolContext, run=run_it,
+            )  # fmt: skip
+            return await tool(ToolContext("call_9"), "1001")
+
+    assert run(main()).receipt_id == "re_1001"
+    (span,) = spans.get_finished_spans()
+    assert span.name == "execute_tool refund_order"
+    assert span.attributes is not None
+    assert span.attributes["gen_ai.tool.call.id"] == "call_9"
+    assert span.attributes["gen_ai.tool.name"] == "refund_order"
+    assert span.attributes["effect_ledger.operation"] == "refund.create"
