@@ -15,7 +15,8 @@ from effect_ledger.core.keys import effect_key
 from effect_ledger.core.model import Executed, Intent, Outcome
 from effect_ledger.metrics.logs import is_coordinator_noise
 from effect_ledger.streams.config import KafkaConfig
-from tests.services import Processor, Reconcilers, wait_for
+from tests.integration.test_metrics_kafka import Samples, scrape, total
+from tests.services import Processor, Reconcilers, free_port, wait_for
 from tests.topic_io import RawProducer, recorded_times, running
 
 WAIT = 90.0
@@ -53,7 +54,8 @@ def test_worker_and_reconcilers_say_what_they_do_in_json(kafka_config: KafkaConf
     targets = tmp_path / "targets.toml"
     targets.write_text('[targets.mail]\nlookup = "none"\n')
     as_json = ["--log-format", "json", "--log-summary", "1"]
-    proc = Processor(cfg, tmp_path / "data", extra=as_json)
+    metrics_port = free_port()
+    proc = Processor(cfg, tmp_path / "data", metrics_port=metrics_port, extra=as_json)
     rec = Reconcilers(cfg, tmp_path, ["--targets", str(targets), *as_json])
     with running(proc, rec):
         proc.wait_ready()
@@ -78,12 +80,35 @@ def test_worker_and_reconcilers_say_what_they_do_in_json(kafka_config: KafkaConf
         p.event(Intent("i-late", late, at, 1, "mail", "send", "default", "logs", "late", "{}", "d", at + 1000, "w"))
         p.event(Intent("i-lost", lost, at, 1, "mail", "send", "default", "logs", "lost", "{}", "d", at + 1000, "w"))
         p.event(Executed("x-lost", lost, at + 500, 1, Outcome.UNKNOWN, "timed out", at, at + 500, None, "w"))
+        # Two attempts of one key that both returned ok: the destination executed it twice.
+        dup = effect_key("mail", "send", "logs", "twice")
+        for n in (1, 2):
+            t = at + n * 2000
+            p.event(
+                Intent(f"i-dup{n}", dup, t, n, "mail", "send", "default", "logs", "twice", "{}", "d", t + 1000, "w")
+            )
+            p.event(Executed(f"x-dup{n}", dup, t + 500, n, Outcome.OK, None, t, t + 500, None, "w"))
         p.flush()
 
         by_deadline = wait_for(lambda: find(proc, "uncertain", effect_id=late), WAIT, "the deadline's UNCERTAIN line")
         assert by_deadline["detail"] == "deadline" and by_deadline["target"] == "mail"
         unknown = wait_for(lambda: find(proc, "uncertain", effect_id=lost), WAIT, "the unknown outcome's line")
         assert unknown["detail"] == "unknown_outcome" and unknown["operation"] == "send"
+
+        twice = wait_for(lambda: find(proc, "duplicate", effect_id=dup), WAIT, "the duplicate execution's line")
+        assert twice["level"] == "ERROR" and twice["detail"] == "execution" and twice["target"] == "mail"
+
+        # The same changes on the worker's /metrics: every way into UNCERTAIN, and the duplicate.
+        def counted_on_metrics() -> Samples | None:
+            m = scrape(metrics_port)
+            done = m and total(m, "effect_ledger_duplicate_executions_total", kind="execution") >= 1
+            return m if done else None
+
+        m = wait_for(counted_on_metrics, WAIT, "the worker's counters")
+        assert total(m, "effect_ledger_uncertain_total", target="mail", cause="unknown_outcome") == 1
+        assert total(m, "effect_ledger_uncertain_total", target="mail", cause="deadline") >= 1
+        assert total(m, "effect_ledger_duplicate_executions_total", target="mail", kind="execution") == 1
+        assert total(m, "effect_ledger_duplicate_executions_total", kind="receipt") == 0
 
         # Nobody can ask "mail": the reconcilers escalate both, and the worker folds the escalations.
         for key in (late, lost):
