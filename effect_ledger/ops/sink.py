@@ -100,7 +100,7 @@ class StateSink:
                 good = [m for m in msgs if not m.error()]
                 if good:
                     self._write(good, position)
-                self.summary.tick(behind=sum(max(0, ends[p] - position[p]) for p in parts) if once else None)
+                self.summary.tick()
         finally:
             c.close()
             self.summary.emit()
