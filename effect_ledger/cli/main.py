@@ -300,6 +300,10 @@ def run(
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
             runner = Runner(ledger, interval=interval, metrics=metrics, summary_every=log_summary)
+            if once:  # one tick is a command, not a service: its answer is the JSON on stdout
+                report = await runner.tick()
+                click.echo(json.dumps({"timed_out": report.timed_out, "reconciled": report.reconciled}))
+                return
             _started(
                 "embedded runner firing deadlines and reconciling",
                 f"ledger file {db}, every {interval:g} s",
@@ -308,14 +312,10 @@ def run(
                 targets=sorted(t.name for t in targets),
                 metrics=f"{metrics_host}:{metrics_port}" if metrics_port else None,
             )
-            if once:
-                report = await runner.tick()
-                click.echo(json.dumps({"timed_out": report.timed_out, "reconciled": report.reconciled}))
-            else:
-                try:
-                    await runner.run()
-                finally:
-                    runner.summary.emit()
+            try:
+                await runner.run()
+            finally:
+                runner.summary.emit()
 
     try:
         asyncio.run(go())  # a missing folder or a file that is not a ledger: one line at the boundary

@@ -8,15 +8,18 @@ from __future__ import annotations
 import io
 import json
 import logging
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from effect_ledger.metrics import logs
 from effect_ledger.streams.config import send_client_logs_to
+from tests.services import wait_for
 
 
 @pytest.fixture
@@ -106,15 +109,34 @@ def test_the_summary_counts_since_the_last_one(stream: io.StringIO) -> None:
     assert not logs.Summary(logging.getLogger("x"), every=0, clock=lambda: 1e9).tick()  # 0: never
 
 
-def test_effects_run_says_what_it_serves(tmp_path: Path) -> None:
+def test_effects_run_says_what_it_serves_and_sums_up_when_stopped(tmp_path: Path) -> None:
     targets = tmp_path / "t.toml"
     targets.write_text('[targets.payments]\nlookup = "none"\n')
     db = tmp_path / "l.db"
-    args = ["run", "--db", str(db), "--targets", str(targets), "--once", "--log-format", "json"]
+    err = tmp_path / "stderr.log"
+    args = ["run", "--db", str(db), "--targets", str(targets), "--log-format", "json", "--interval", "0.1"]
+    with err.open("wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "effect_ledger", *args], stderr=sink)
+    try:
+
+        def said() -> list[dict[str, Any]]:
+            return [json.loads(x) for x in err.read_text().splitlines() if x.strip()]
+
+        start = wait_for(lambda: next((x for x in said() if x["event"] == "start"), None), 60, "the start line")
+        assert start["service"] == "run" and start["db"] == str(db) and start["targets"] == ["payments"]
+        assert str(db) in start["msg"] and start["interval_s"] == 0.1
+    finally:
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends: the runner stops and sums up
+        assert proc.wait(60) == 0
+    (summary,) = [x for x in said() if x["event"] == "summary"]
+    assert summary["service"] == "run" and summary["counts"] == {}
+
+
+def test_one_tick_of_effects_run_is_a_command_not_a_service(tmp_path: Path) -> None:
+    """``--once`` answers on stdout; stderr stays empty (one line there is an error's)."""
+    targets = tmp_path / "t.toml"
+    targets.write_text('[targets.payments]\nlookup = "none"\n')
+    args = ["run", "--db", str(tmp_path / "l.db"), "--targets", str(targets), "--once", "--log-format", "json"]
     out = subprocess.run([sys.executable, "-m", "effect_ledger", *args], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    lines = [json.loads(x) for x in out.stderr.splitlines()]
-    start = next(x for x in lines if x["event"] == "start")
-    assert start["service"] == "run" and start["db"] == str(db) and start["targets"] == ["payments"]
-    assert str(db) in start["msg"]
+    assert (out.returncode, out.stderr) == (0, "")
     assert json.loads(out.stdout) == {"timed_out": [], "reconciled": {}}
