@@ -35,6 +35,7 @@ help:
 	@echo "make chaos              30 minutes of kills, pauses, partitions and clock skews on a 3-broker cluster in"
 	@echo "                        network namespaces; report + plot in docs/chaos/ (CHAOS_ARGS=--help)"
 	@echo "make lint               ruff, mypy and the walls between the rooms (import-linter)"
+	@echo "make docs               the documentation site into site/ (mkdocs build --strict: a broken link fails)"
 	@echo "make schemas-check      schema compatibility across schemas/history, with Apache Avro's Java checker"
 	@echo "make wheel              build dist/effect_ledger_kafka-*.whl (what pip and the Dockerfile install)"
 	@echo "make kafka-up / kafka-down / kafka-status   the repo's own broker on 127.0.0.1:\$$KAFKA_PORT"
@@ -44,7 +45,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,metrics,otel,mcp,langgraph,postgres,erasure,bench,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,metrics,otel,mcp,langgraph,postgres,erasure,bench,docs,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -97,8 +98,15 @@ venv-agent-framework: $(AGENT_FRAMEWORK_VENV)/.installed
 demo: venv
 	@$(VENV)/bin/effects demo
 
+# The documentation site (mkdocs.yml, docs/); the command-line reference is generated from the click
+# commands during the build (docs/hooks/cli_reference.py). tests/unit/test_docs_site.py runs the same.
+.PHONY: docs
+docs: venv
+	@NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# KEEP=1 leaves the broker and the demo's topics up (effects demo --kafka --keep) for effects tail and replays.
 demo-kafka: venv
-	@bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka
+	@KAFKA_KEEP=$(KEEP) bash scripts/with-kafka.sh $(VENV)/bin/effects demo --kafka $(if $(filter 1,$(KEEP)),--keep)
 
 test: venv venv-dbos venv-openai-agents venv-pydantic-ai venv-crewai venv-agent-framework
 	@bash scripts/install-postgres.sh

@@ -4,15 +4,19 @@ built beside each command, from the same objects."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from effect_ledger.cli._shared import out, print_table, table
 from effect_ledger.core.model import EffectState
 from effect_ledger.core.timeparse import iso
 
+SHOWN_KEYS = 10  # failing keys printed per failed check; --json holds up to 1,000 and the count
 
-def audit_report(report: Any, wide: bool = False) -> None:
-    """``effects audit``: the checks, their details, the per-target rows and the notes."""
+
+def audit_report(report: Any, wide: bool = False, link: Callable[[str], str] | None = None) -> None:
+    """``effects audit``: the checks, their details, each failed check's keys with their console
+    links, the per-target rows and the notes."""
     t = table(
         f"audit {iso(report.from_ms)} .. {iso(report.to_ms)}: {report.events:,} events",
         "check",
@@ -30,6 +34,15 @@ def audit_report(report: Any, wide: bool = False) -> None:
     for c in report.checks:
         if c.detail:
             out.print(f"{c.name}: {c.detail}")
+    for c in report.checks:
+        if c.passed or not c.keys:
+            continue
+        shown = c.keys[:SHOWN_KEYS]
+        more = f", the first {len(shown)} here (up to 1,000 in --json)" if c.failing > len(shown) else ""
+        out.print(f"[red]FAIL[/] {c.name}: {c.failing:,} failing{more}:")
+        for k in shown:
+            # Whole keys, one a line, each with its console page: pasted into `effects trace` or a browser.
+            out.print(f"  {k}  {link(k) if link else ''}".rstrip(), soft_wrap=True)
     cols = ("target", "effects", "keyed", "uncertain", "resolved", "duplicates", "stuck", "window p99 ms")
     tt = table("per target", *cols, right=cols[1:])
     for r in report.targets:
@@ -48,12 +61,6 @@ def audit_report(report: Any, wide: bool = False) -> None:
         out.print(
             f"[dim]{report.continuing:,} effects began before the window and are left out (but for their duplicates)[/]"
         )
-    if report.duplicate_keys:
-        # Whole keys, one a line: each can be pasted into `effects trace` or `effects resolve`.
-        out.print("[dim]duplicates (the first 10; all in --json):[/]" if len(report.duplicate_keys) > 10
-                  else "[dim]duplicates:[/]")  # fmt: skip
-        for k in report.duplicate_keys[:10]:
-            out.print(k, soft_wrap=True)
 
 
 def trace(t: Any, wide: bool = False) -> None:

@@ -36,6 +36,15 @@ TOKEN_ENV = "EFFECTS_CONSOLE_TOKEN"
     default=None,
     help="user:password lines; decisions need one of them, recorded as the operator",
 )
+@click.option(
+    "--targets",
+    "targets_spec",
+    metavar="FILE",
+    envvar="EFFECTS_TARGETS",
+    default=None,
+    help="the targets declaration: its searchable fields can be searched, its lands_within bounds "
+    "ABSENT decisions [env EFFECTS_TARGETS]",
+)
 def console_command(
     db: str | None,
     bootstrap: str | None,
@@ -44,10 +53,12 @@ def console_command(
     port: int,
     token: str | None,
     basic_auth_file: str | None,
+    targets_spec: str | None,
 ) -> None:
-    """A web console: the effects of a window with counts, the stuck list and the escalation queue,
-    one effect's timeline, the audit with a chart, and decisions (with credentials; read-only
-    without). A JSON API behind every page under /api/."""
+    """A web console: the effects of a window with counts and search, each effect's page (its
+    request, receipt, attempts, reconciler answers, run) with decisions behind a confirmation (with
+    credentials; read-only without), the stuck list and the escalation queue, the audit with a
+    chart. A JSON API behind every page under /api/."""
     from aiohttp import web
 
     from effect_ledger.console.app import make_app
@@ -62,7 +73,13 @@ def console_command(
             f"the console would listen on {host}, beyond loopback, without credentials: set --token or "
             f"{TOKEN_ENV}, or --basic-auth-file, or listen on 127.0.0.1"
         )
-    source = Source(db=db) if db is not None else Source(cfg=kafka_of(bootstrap, prefix))
+    from effect_ledger.targets.load import load_targets
+
+    targets = load_targets(targets_spec) if targets_spec else ()
+    if db is not None:
+        source = Source(db=db, targets=targets)
+    else:
+        source = Source(cfg=kafka_of(bootstrap, prefix), targets=targets)
     source.check(broker_wait(10))  # a bad file or a dead broker is one line now, not a page later
     app = make_app(source, creds, guard_reads=beyond)
     click.echo(

@@ -112,16 +112,26 @@ def main(verbose: bool, broker_timeout: float | None, schema_registry: str | Non
 )
 @click.option("--kafka", "kafka", is_flag=True, help="through a real broker, processor and reconcilers")
 @bootstrap_option
-def demo(timeout: float, kafka: bool, bootstrap: str | None) -> None:
-    """The refund story: a crash after the call, no double refund (embedded: no broker needed)."""
+@click.option(
+    "--db",
+    default="effects-demo.db",
+    show_default=True,
+    type=LedgerPath(),
+    help="embedded: where the demo leaves its ledger file (an earlier demo's file there is replaced; any "
+    "other file is refused and left as it is)",
+)
+@click.option("--keep", is_flag=True, help="--kafka: leave the topics (and the broker) up for effects tail and replays")
+def demo(timeout: float, kafka: bool, bootstrap: str | None, db: str, keep: bool) -> None:
+    """The refund story: a crash after the call, no double refund (embedded: no broker needed). It
+    ends with three commands to try on what it recorded."""
     if kafka:
         require("processor", "demo --kafka")  # it starts a processor: say so before anything runs
         from effect_ledger.demo.story_kafka import run_kafka_demo
 
-        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10)))
+        sys.exit(run_kafka_demo(console, bootstrap, timeout=timeout, broker_timeout=broker_wait(10), keep=keep))
     from effect_ledger.demo.story import run_demo
 
-    sys.exit(run_demo(console, timeout=timeout))
+    sys.exit(run_demo(console, timeout=timeout, keep=db))
 
 
 @main.group()
@@ -609,6 +619,7 @@ def _register_ops() -> None:
     from effect_ledger.cli.acl import acl_command
     from effect_ledger.cli.assess import assess_command
     from effect_ledger.cli.console import console_command
+    from effect_ledger.cli.init import init_command
     from effect_ledger.cli.mcp import mcp_proxy
     from effect_ledger.cli.ops import register
     from effect_ledger.cli.retention import register as register_retention
@@ -619,6 +630,7 @@ def _register_ops() -> None:
     main.add_command(assess_command)
     main.add_command(console_command)
     main.add_command(acl_command)
+    main.add_command(init_command)
 
 
 _register_ops()

@@ -79,7 +79,19 @@ def register(main: click.Group) -> None:
 @click.option("--csv", "as_csv", is_flag=True, help="CSV output")
 @wide_option
 @click.option("--stuck-after", default="10m", show_default=True, help="what counts as stuck")
-@click.option("--fail-on-check", is_flag=True, help="exit 3 when a check fails")
+@click.option("--fail-on-check", is_flag=True, help="exit 3 when a check fails, on a terminal too")
+@click.option(
+    "--report-only",
+    is_flag=True,
+    help="exit 0 whatever the checks say (without it, a failed check exits 1 when stdout is not a terminal)",
+)
+@click.option(
+    "--console-url",
+    envvar="EFFECTS_CONSOLE_URL",
+    show_envvar=True,
+    default=None,
+    help="the console's address, to print a link per failing key [the /effect/KEY path alone]",
+)
 @click.option(
     "--spill-dir",
     type=click.Path(file_okay=False, exists=True),
@@ -98,13 +110,20 @@ def audit(
     wide: bool,
     stuck_after: str,
     fail_on_check: bool,
+    report_only: bool,
+    console_url: str | None,
     spill_dir: str | None,
 ) -> None:
     """Replay effects.events for a window, fold it fresh, and check it: keyed writes, recorded
     outcomes, receipts, uncertain, resolved by reconciliation, duplicates, stuck, and the
-    sent-but-unrecorded window (p50/p99/max), overall and per target. Memory stays bounded
-    whatever the window: past 250,000 events the replay is grouped on disk."""
+    sent-but-unrecorded window (p50/p99/max), overall and per target. A failed check names its
+    effects (the first 10 here, 1,000 in --json, and how many in all), each with its console link.
+    Memory stays bounded whatever the window: past 250,000 events the replay is grouped on disk.
+
+    Exit status: 1 when a check fails and stdout is not a terminal (cron, CI, a pipe), unless
+    --report-only; 3 with --fail-on-check; otherwise 0."""
     from effect_ledger.ops.audit import audit as run_audit
+    from effect_ledger.ops.audit import effect_link
     from effect_ledger.ops.sources import db_events, replay_events
     from effect_ledger.ops.views import now_ms
 
@@ -121,14 +140,20 @@ def audit(
         else:
             records = replay_events(kafka_of(bootstrap, prefix), start, progress, end, build=False)
         report = run_audit(records, start, end, now, stuck_ms, spill_dir=spill_dir)
+    link = lambda key: effect_link(console_url, key)  # noqa: E731
     if as_json:
-        click.echo(report.to_json())
+        click.echo(report.to_json(link))
     elif as_csv:
         click.echo(report.to_csv(), nl=False)
     else:
-        render.audit_report(report, wide)
-    if fail_on_check and not report.passed:
+        render.audit_report(report, wide, link)
+    if report.passed or report_only:
+        return
+    if fail_on_check:
         sys.exit(EXIT_FOUND)
+    # A person at a terminal reads the FAIL rows; a cron job, CI or a pipe has only the status to go on.
+    if not sys.stdout.isatty():
+        sys.exit(1)
 
 
 @click.command()

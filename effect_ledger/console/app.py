@@ -19,7 +19,7 @@ from aiohttp import web
 from effect_ledger.console import pages
 from effect_ledger.console.auth import Credentials, Unauthorized
 from effect_ledger.console.query import BadInput, Query, parse_query
-from effect_ledger.console.source import Source
+from effect_ledger.console.source import Source, recorded_request
 from effect_ledger.core.model import DecisionKind
 from effect_ledger.core.timeparse import iso
 from effect_ledger.errors import DecisionRefused, LedgerError
@@ -90,7 +90,7 @@ async def _blocking(fn: Callable[..., Any], *args: Any) -> Any:
 
 def _query(request: web.Request) -> tuple[Query, int]:
     now = now_ms()
-    return parse_query(request.query, now), now
+    return parse_query(request.query, now, request.app[SOURCE].searchable), now
 
 
 def _form_params(request: web.Request) -> dict[str, str]:
@@ -115,7 +115,8 @@ async def effects_view(request: web.Request) -> web.Response:
     except BadInput as e:
         return await _bad_input_page(request, "effects", "/", True, e)
     page, _chart = await _blocking(request.app[SOURCE].effects, q)
-    return _page(request, "effects", pages.effects_page(q, page, now, _form_params(request)))
+    body = pages.effects_page(q, page, now, _form_params(request), request.app[SOURCE].searchable)
+    return _page(request, "effects", body)
 
 
 async def stuck_view(request: web.Request) -> web.Response:
@@ -126,14 +127,67 @@ async def stuck_view(request: web.Request) -> web.Response:
     src = request.app[SOURCE]
     rows = await _blocking(src.stuck, q.stuck_ms)
     queue = await _blocking(src.escalations)
-    body = pages.stuck_page(q, rows, queue, now, _form_params(request), users=bool(request.app[CREDENTIALS].users))
+    body = pages.stuck_page(q, rows, queue, now, _form_params(request))
     return _page(request, "stuck & escalations", body)
 
 
+async def effect_view(request: web.Request) -> web.Response:
+    key = request.match_info["effect_id"]
+    src = request.app[SOURCE]
+    view = await _blocking(src.effect, key)
+    body = pages.effect_page(view, src.searchable, writable=request.app[CREDENTIALS].configured)
+    return _page(request, f"effect {pages.short(key)}", body)
+
+
 async def trace_view(request: web.Request) -> web.Response:
-    key = request.match_info["key"]
-    t = await _blocking(request.app[SOURCE].trace, key)
-    return _page(request, f"effect {key}", pages.trace_page(t))
+    """The old address of an effect's page: the page is now ``/effect/{effect_id}``."""
+    raise web.HTTPFound(pages.effect_href(request.match_info["key"]))
+
+
+async def _form(request: web.Request, names: tuple[str, ...]) -> dict[str, str]:
+    try:
+        form = await request.post()
+    except (ValueError, LookupError) as e:
+        # aiohttp decodes the body with the charset the request names (LookupError for an unknown
+        # one, UnicodeDecodeError for bytes it does not hold) and raises ValueError for a malformed
+        # multipart body.
+        raise BadInput(f"the form could not be read: {e}") from None
+    return {k: str(form.get(k, "")).strip() for k in names}
+
+
+async def confirm_view(request: web.Request) -> web.Response:
+    """The decision's second step: what was chosen, what it will cause, and the button that records
+    it (a form posting to ``/resolve``). Nothing is written here; a form missing its choice, reason
+    or receipt id comes back to the effect's page with the message."""
+    fields = await _form(request, ("key", "decision", "reason", "receipt_id"))
+    key = fields["key"]
+    src = request.app[SOURCE]
+    try:
+        if not key:
+            raise BadInput("no effect key")
+        kind = _decision_of(fields)
+    except BadInput as e:
+        if not key:
+            raise
+        view = await _blocking(src.effect, key)
+        body = pages.effect_page(view, src.searchable, writable=request.app[CREDENTIALS].configured, form=fields)
+        return _page(request, f"effect {pages.short(key)}", body, 400, str(e))
+    view = await _blocking(src.effect, key)  # a key that is not there: 404 before any confirmation
+    body = pages.confirm_page(view, kind, fields, users=bool(request.app[CREDENTIALS].users))
+    return _page(request, "confirm the decision", body)
+
+
+def _decision_of(fields: dict[str, str]) -> DecisionKind:
+    """The decision a form asks for, with what it needs: a reason, and a receipt id for CONFIRMED."""
+    try:
+        kind = DecisionKind(fields.get("decision", "").upper())
+    except ValueError:
+        raise BadInput(f"decision: one of {', '.join(k.value for k in DecisionKind)}") from None
+    if not fields.get("reason"):
+        raise BadInput("say why: a reason is required")
+    if kind is DecisionKind.CONFIRMED and not fields.get("receipt_id"):
+        raise BadInput("CONFIRMED needs the destination's receipt id")
+    return kind
 
 
 async def audit_view(request: web.Request) -> web.Response:
@@ -148,14 +202,7 @@ async def audit_view(request: web.Request) -> web.Response:
 
 
 async def resolve_view(request: web.Request) -> web.Response:
-    try:
-        form = await request.post()
-    except (ValueError, LookupError) as e:
-        # aiohttp decodes the body with the charset the request names (LookupError for an unknown
-        # one, UnicodeDecodeError for bytes it does not hold) and raises ValueError for a malformed
-        # multipart body.
-        raise BadInput(f"the form could not be read: {e}") from None
-    fields = {k: str(form.get(k, "")).strip() for k in ("key", "decision", "reason", "receipt_id", "user", "secret")}
+    fields = await _form(request, ("key", "decision", "reason", "receipt_id", "user", "secret"))
     key = fields["key"]
     try:
         line = await _decide(request, fields, None)
@@ -182,15 +229,8 @@ async def _decide(request: web.Request, fields: dict[str, str], authorization: s
     key = fields.get("key", "")
     if not key:
         raise BadInput("no effect key")
-    try:
-        kind = DecisionKind(fields.get("decision", "").upper())
-    except ValueError:
-        raise BadInput(f"decision: one of {', '.join(k.value for k in DecisionKind)}") from None
-    if not fields.get("reason"):
-        raise BadInput("say why: a reason is required")
+    kind = _decision_of(fields)
     receipt = fields.get("receipt_id") or None
-    if kind is DecisionKind.CONFIRMED and not receipt:
-        raise BadInput("CONFIRMED needs the destination's receipt id")
     return str(await _blocking(request.app[SOURCE].decide, key, kind, by, fields["reason"], receipt))
 
 
@@ -239,6 +279,37 @@ async def api_trace(request: web.Request) -> web.Response:
     )
 
 
+async def api_effect(request: web.Request) -> web.Response:
+    """An effect's page as JSON: the summary, the request as recorded (``null`` when it is sealed),
+    every fact in the log's order and the other effects of its run."""
+    view = await _blocking(request.app[SOURCE].effect, request.match_info["effect_id"])
+    e = view.trace.effect
+    intent = e.first_intent or e.intent
+    facts = [{"kind": type(f).__name__, **_fact_json(f)} for f in e.facts]
+    return web.json_response(
+        {
+            "effect_id": view.trace.key,
+            "state": e.state.value,
+            "reason": e.reason,
+            "target": intent.target if intent else None,
+            "operation": intent.operation if intent else None,
+            "run_id": intent.run_id if intent else None,
+            "step": intent.step if intent else None,
+            "attempt": e.attempt,
+            "flags": [f.value for f in e.flags],
+            "request": recorded_request(intent.request) if intent else None,
+            "facts": facts,
+            "same_run": _rows_json(view.siblings),
+        }
+    )
+
+
+def _fact_json(fact: Any) -> dict[str, Any]:
+    """A fact's fields (its enums are ``StrEnum``: JSON strings as they are), the intent's request
+    left out: it is shown once, decoded, as ``request``."""
+    return {k: getattr(fact, k) for k in fact.__dataclass_fields__ if k != "request"}
+
+
 async def api_audit(request: web.Request) -> web.Response:
     q, now = _query(request)
     report = await _blocking(request.app[SOURCE].audit, q, now)
@@ -285,12 +356,15 @@ def make_app(source: Source, credentials: Credentials, *, guard_reads: bool = Fa
     app[GUARD_READS] = guard_reads
     app.router.add_get("/", effects_view)
     app.router.add_get("/stuck", stuck_view)
+    app.router.add_get("/effect/{effect_id}", effect_view)
     app.router.add_get("/trace/{key}", trace_view)
+    app.router.add_post("/confirm", confirm_view)
     app.router.add_get("/audit", audit_view)
     app.router.add_post("/resolve", resolve_view)
     app.router.add_get("/api/effects", api_effects)
     app.router.add_get("/api/stuck", api_stuck)
     app.router.add_get("/api/trace/{key}", api_trace)
+    app.router.add_get("/api/effect/{effect_id}", api_effect)
     app.router.add_get("/api/audit", api_audit)
     app.router.add_post("/api/resolve", api_resolve)
     app.router.add_static("/static/", STATIC)

@@ -65,6 +65,46 @@ class BodyPolicy:
                 raise ValueError(f"{p!r} is not a field path (names joined by dots: customer.email)")
 
 
+MAX_SEARCHABLE = 16
+
+
+def check_searchable(policy: BodyPolicy, paths: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless every path of ``searchable`` can be searched in what ``policy``
+    records: the console matches a search against the recorded request only, so a field whose value
+    is not recorded (redacted, or a body kept as a digest or sealed) cannot be declared searchable;
+    searching it would need an index of the very values the policy keeps out of the ledger."""
+    if len(paths) > MAX_SEARCHABLE:
+        raise ValueError(f"at most {MAX_SEARCHABLE} searchable fields")
+    for p in paths:
+        if not isinstance(p, str) or not p or any(not part for part in p.split(".")):
+            raise ValueError(f"{p!r} is not a field path (names joined by dots: customer.email)")
+    if paths and policy.mode in (BodyMode.DIGEST, BodyMode.ENCRYPT):
+        raise ValueError(f'searchable fields need the request recorded: body = "{policy.mode.value}" keeps none of it')
+    for p in paths:
+        for r in policy.redact:
+            if p == r or p.startswith(r + ".") or r.startswith(p + "."):
+                raise ValueError(f"{p!r} cannot be searchable: its value is redacted ({r!r})")
+
+
+def field_values(request: Any, path: str) -> list[str]:
+    """The recorded values at a dotted ``path`` of a request, as text (a path through a list gives
+    each item's); only strings and integers count: a search compares text with text."""
+    nodes = [request]
+    for part in path.split("."):
+        nxt: list[Any] = []
+        for n in nodes:
+            for item in n if isinstance(n, list) else (n,):
+                if isinstance(item, dict) and part in item:
+                    nxt.append(item[part])
+        nodes = nxt
+    out: list[str] = []
+    for n in nodes:
+        for v in n if isinstance(n, list) else (n,):
+            if (isinstance(v, str) and v != REDACTED) or (isinstance(v, int) and not isinstance(v, bool)):
+                out.append(str(v))
+    return out
+
+
 def canonical_text(value: Any) -> str:
     return CANONICAL_JSON.encode(value)
 
@@ -128,4 +168,7 @@ def parse(body: dict[str, Any], fail: Any) -> BodyPolicy:
         raise fail(str(e), field) from None
 
 
-__all__ = ["BodyMode", "BodyPolicy", "REDACTED", "WITHHELD", "redacted", "subject_of", "parse", "canonical_text"]
+__all__ = [
+    "BodyMode", "BodyPolicy", "REDACTED", "WITHHELD", "redacted", "subject_of", "parse", "canonical_text",
+    "check_searchable", "field_values", "MAX_SEARCHABLE",
+]  # fmt: skip

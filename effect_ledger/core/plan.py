@@ -4,7 +4,7 @@
 worker's identity and whether the claim's owner still lives, and returns one step; ``after_answer``
 decides again once the destination has been asked. Neither reads a clock, a file or the process
 table: the executor (``effect_ledger.sdk._executor``) gathers the inputs and carries the steps
-out. This is the README's "what execute does" table, row by row (``tests/unit/core/test_plan.py``):
+out. This is the "what execute does" table of docs/guides/embedded.md, row by row (``tests/unit/core/test_plan.py``):
 
 ==========================================  ==================================================
 known state                                 plan

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from effect_ledger.core.bodies import BodyPolicy
+from effect_ledger.core.bodies import BodyPolicy, check_searchable
 from effect_ledger.core.deadlines import DECISION_GRACE_MS, may_still_land_until_ms
 from effect_ledger.core.effect import Effect, attempt_deadline, uncertain_event
 from effect_ledger.core.limits import MAX_RECEIPT_ID_BYTES, bounded_text, digest_id, receipt_text
@@ -136,8 +136,15 @@ class Target:
     timeout_s: float | None = None
     body: BodyPolicy = field(default_factory=BodyPolicy)  # what of a request is recorded (bodies.py)
     lands_within_s: float = DECISION_GRACE_MS / 1000
+    # Request fields (dotted paths) the console can search by value, such as an order id; only
+    # fields the body policy records (``bodies.check_searchable``).
+    searchable: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        try:
+            check_searchable(self.body, tuple(self.searchable))
+        except ValueError as e:
+            raise TargetsError(f"target {self.name!r}: {e}") from None
         w = self.lands_within_s
         if not isinstance(w, int | float) or not 0 <= w <= MAX_LANDS_WITHIN_S:  # NaN fails both
             raise TargetsError(

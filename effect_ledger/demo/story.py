@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from effect_ledger.core.effect import apply
+from effect_ledger.core.keys import effect_key
 from effect_ledger.core.model import Event, Executed, Intent, Receipt, Resolution, State, Timeout
 from effect_ledger.demo.agent import write_declaration
 from effect_ledger.demo.gateway import Gateway
@@ -116,9 +119,80 @@ async def _settle(console: Console, db: Path, targets: Path, timeout_s: float) -
     return states, key
 
 
-def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
+DEMO_DB = "effects-demo.db"  # where `effects demo` leaves its ledger: the current folder
+
+
+def demo_key() -> str:
+    """The one effect the demo's agent records (its default order and run, ``demo/agent.py``)."""
+    return effect_key("payments", "refund.create", "run-1", "refund-order-123")
+
+
+def check_keep(dest: Path) -> None:
+    """Refuse, before anything runs, a place the demo may not leave its ledger: a missing folder, or a
+    file there that is not an earlier demo's ledger (a ledger holding the demo's one effect and
+    nothing else). Such a file is never modified."""
+    from effect_ledger.errors import StorageError
+    from effect_ledger.sdk.store.reader import read_only_uri
+
+    if not dest.parent.is_dir():
+        raise StorageError(f"{dest}: no folder {dest.parent} to leave the demo's ledger in")
+    if not os.path.lexists(dest):
+        return
+    mine = f"{dest} is there and is not an earlier demo's ledger: effects demo replaces only its own file"
+    if dest.is_symlink() or not dest.is_file():
+        raise StorageError(mine)
+    try:
+        conn = sqlite3.connect(read_only_uri(dest), uri=True)
+        try:
+            keys = {row[0] for row in conn.execute("SELECT DISTINCT effect_id FROM events")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        raise StorageError(mine) from None
+    if keys != {demo_key()}:
+        raise StorageError(mine)
+
+
+def keep_ledger(source: Path, dest: Path) -> None:
+    """Copy the demo's ledger file to ``dest`` whole or not at all: SQLite's online backup into a
+    temporary file beside it, then one rename over a previous demo's file. The copy uses a rollback
+    journal, and a previous file's ``-wal``/``-shm`` are removed first, so no stale write-ahead log
+    can be applied to the new file."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    src = sqlite3.connect(source)
+    try:
+        out = sqlite3.connect(tmp)
+        try:
+            src.backup(out)
+            out.execute("PRAGMA journal_mode=DELETE")
+        finally:
+            out.close()
+    finally:
+        src.close()
+    for suffix in ("-wal", "-shm"):
+        dest.with_name(dest.name + suffix).unlink(missing_ok=True)
+    os.replace(tmp, dest)
+
+
+def next_steps(db: str, key: str, since_ms: int) -> list[str]:
+    """The three commands that open what the demo recorded, as a shell takes them."""
+    from effect_ledger.core.timeparse import iso
+
+    q = shlex.quote
+    return [
+        f"effects trace {q(key)} --db {q(db)}",
+        f"effects console --db {q(db)}",
+        f"effects audit --db {q(db)} --from {q(iso(since_ms))}",
+    ]
+
+
+def run_demo(console: Console | None = None, timeout: float = 2.0, keep: str = DEMO_DB) -> int:
     console = console or Console(highlight=False)
     started = time.monotonic()
+    check_keep(Path(keep))
+    # The window of the audit printed at the end: from a second before the first intent.
+    since_ms = time.time_ns() // 1_000_000 - 1000
     console.rule("[bold]effect-ledger demo: a refund, a crash, a restart")
     console.print(
         "An agent refunds order 123 (4,800 CNY) at a payment gateway. Its process is killed "
@@ -187,6 +261,15 @@ def run_demo(console: Console | None = None, timeout: float = 2.0) -> int:
         elapsed = time.monotonic() - started
         if ok:
             console.print(f"[green]One refund, recorded, reconciled, returned on restart.[/] ({elapsed:.1f} s)")
+            keep_ledger(led / "effects.db", Path(keep))
+            trace, serve, audit = next_steps(keep, key, since_ms)
+            console.print(f"\nThe ledger is left in [bold]{keep}[/]. Three things to try on it:")
+            console.print(f"  {trace}", soft_wrap=True)
+            console.print("      the effect's timeline: intent, deadline, the gateway's answer", soft_wrap=True)
+            console.print(f"  {serve}", soft_wrap=True)
+            console.print("      the web console on http://127.0.0.1:8080/ (Ctrl-C stops it)", soft_wrap=True)
+            console.print(f"  {audit}", soft_wrap=True)
+            console.print("      the checks over the demo's window: every one passes", soft_wrap=True)
             return 0
         console.print(
             f"[red]The demo did not go as told[/]: naive={len(naive_refunds)}, "

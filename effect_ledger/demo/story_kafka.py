@@ -9,6 +9,7 @@ read live from the intermediate-state stream ``effects.state``.
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 import threading
 import time
@@ -70,12 +71,32 @@ class StateWatcher(threading.Thread):
         self._stop_flag.set()
 
 
+def kafka_next_steps(cfg: KafkaConfig, key: str | None, since_ms: int) -> list[str]:
+    """What to run on the topics a kept demo leaves, as a shell takes it."""
+    from effect_ledger.core.timeparse import iso
+
+    q = shlex.quote
+    where = f"--bootstrap {q(cfg.bootstrap)} --prefix {q(cfg.prefix)}"
+    steps = [f"effects tail {where} --from-beginning"]
+    if key:
+        steps.append(f"effects trace {q(key)} {where}")
+    steps.append(f"effects audit {where} --from {q(iso(since_ms))}")
+    return steps
+
+
 def run_kafka_demo(
-    console: Console, bootstrap: str | None = None, timeout: float = 2.0, broker_timeout: float = 10.0
+    console: Console,
+    bootstrap: str | None = None,
+    timeout: float = 2.0,
+    broker_timeout: float = 10.0,
+    keep: bool = False,
 ) -> int:
     """The refund story through Kafka; returns the exit status. ``BrokerUnavailable`` when no broker
-    answers within ``broker_timeout`` s (the command line prints it as its one line)."""
+    answers within ``broker_timeout`` s (the command line prints it as its one line). ``keep`` leaves
+    the demo's topics on the broker (the services stop: the topics hold everything they wrote) and
+    prints the commands that read them."""
     started = time.monotonic()
+    since_ms = time.time_ns() // 1_000_000 - 1000
     cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=f"demo{uuid.uuid4().hex[:8]}.", partitions=3)
     try:
         wait_ready(cfg, timeout=broker_timeout)
@@ -124,6 +145,16 @@ def run_kafka_demo(
                     f"[green]One refund: recorded on Kafka, reconciled by the consumers, returned on "
                     f"another host.[/] ({elapsed:.1f} s)"
                 )
+                if keep:
+                    console.print(f"\nThe topics {cfg.prefix}effects.* stay on {cfg.bootstrap}. To try on them:")
+                    for step in kafka_next_steps(cfg, out.get("key"), since_ms):
+                        console.print(f"  {step}", soft_wrap=True)
+                    console.print(
+                        "Stop the repo's broker with `make kafka-down` (its data, these topics included, stays "
+                        "in .kafka/data until that folder is removed); on a broker of your own, delete the "
+                        f"topics named {cfg.prefix}* with your Kafka tools.",
+                        soft_wrap=True,
+                    )
                 return 0
             console.print(
                 f"[red]The demo did not go as told[/]: refunds={len(refunds)}, agent={out}, "
@@ -134,4 +165,5 @@ def run_kafka_demo(
             watcher.stop()
             reconcilers.stop()
             processor.stop()
-            delete_topics(cfg, [t for t in list_topics(cfg) if t.startswith(cfg.prefix)])
+            if not keep:
+                delete_topics(cfg, [t for t in list_topics(cfg) if t.startswith(cfg.prefix)])

@@ -4,7 +4,7 @@ prometheus-client is the ``[metrics]`` extra: it is imported only when metrics a
 (``--metrics-port``, ``Ledger.open(metrics_port=...)``, ``LedgerMetrics()``); without it, a
 ``MissingExtra`` names the extra to install. Each process builds one ``LedgerMetrics`` on a
 registry of its own (or the application's) and updates it where it already handles the events:
-no metric costs a query per event. ``METRICS`` is the table the README, the Grafana dashboard and
+no metric costs a query per event. ``METRICS`` is the table the docs (reference/metrics.md), the Grafana dashboard and
 the alert rules are checked against (tests/unit/metrics/test_metrics_ops.py).
 """
 
@@ -172,7 +172,7 @@ def exported_names() -> set[str]:
 
 
 def markdown_table() -> str:
-    """The README's table of metrics, generated from ``METRICS``."""
+    """The table of metrics of docs/reference/metrics.md (put there when the site is built), from ``METRICS``."""
     rows = ["| metric | type | labels | exported by | meaning |", "|---|---|---|---|---|"]
     for name, (kind, labels, doc, who) in METRICS.items():
         rows.append(f"| `{name}` | {kind} | {', '.join(labels) or '-'} | {who} | {doc} |")

@@ -36,7 +36,9 @@ checks need and groups the tuples by effect with ``effect_ledger.ops.spill.Keyed
 up to ``MEMORY_EVENTS`` of them in memory, beyond that in a temporary folder (about 80 bytes per
 event on disk; ``spill_dir``, else TMPDIR), read back one bucket of effects at a time. What the
 report keeps is bounded too: the sent-but-unrecorded windows as a count per millisecond value, and
-at most ``MAX_REPORTED_KEYS`` duplicate and stuck keys (the counts are always whole).
+at most ``MAX_REPORTED_KEYS`` duplicate and stuck keys, and as many of each failed check's keys
+(``Check.keys``; the counts, ``Check.failing``, are always whole). The sent-but-unrecorded check
+lists the effects with a window over its bound.
 """
 
 from __future__ import annotations
@@ -48,9 +50,10 @@ import json
 import math
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
+from urllib.parse import quote
 
 from effect_ledger.core.model import (
     Decision,
@@ -254,6 +257,10 @@ class Check:
     criterion: str
     passed: bool
     detail: str = ""
+    # A failed check's effects, so that each can be opened (`effects trace KEY`, the console's
+    # /effect/KEY): the first MAX_REPORTED_KEYS in sorted order, and how many there are in all.
+    keys: list[str] = field(default_factory=list)
+    failing: int = 0
 
     @property
     def ratio(self) -> str:
@@ -291,11 +298,14 @@ class AuditReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
-    def to_json(self) -> str:
+    def to_json(self, link: Callable[[str], str] | None = None) -> str:
+        """The report as JSON; with ``link``, each failed check's keys get their console links."""
         d = asdict(self)
         d["passed"] = self.passed
         for c in d["checks"]:
             c["ratio"] = Check(**{k: c[k] for k in ("name", "numerator", "denominator", "criterion", "passed")}).ratio
+            if link is not None:
+                c["links"] = [link(k) for k in c["keys"]]
         return json.dumps(d, indent=2)
 
     def to_csv(self) -> str:
@@ -314,6 +324,14 @@ class AuditReport:
             ):
                 w.writerow([t.target, name, num, den, "-" if not den else f"{100 * num / den:.2f}%", "", "", ""])
         return out.getvalue()
+
+
+def effect_link(console_url: str | None, key: str) -> str:
+    """Where the console shows one effect: ``/effect/{effect_id}`` under ``console_url``, or the path
+    alone when no console address is known. The key is one path segment (``/``, ``?``, ``#``, ``%``
+    and the like escaped), so any key a caller chose opens its own page."""
+    path = "/effect/" + quote(key, safe=":@!$&'()*+,;=-._~")
+    return console_url.rstrip("/") + path if console_url else path
 
 
 def _label(ms: int) -> str:
@@ -348,8 +366,10 @@ class _Keys:
 
     def __init__(self) -> None:
         self.keys: list[str] = []
+        self.count = 0  # every key added, listed or not
 
     def add(self, key: str) -> None:
+        self.count += 1
         self.keys.append(key)
         if len(self.keys) >= 2 * MAX_REPORTED_KEYS:
             self.keys.sort()
@@ -420,6 +440,8 @@ def _report(spill: KeyedSpill, report: AuditReport, as_of_ms: int, stuck_ms: int
     target_windows: dict[str, Counter[int]] = {}
     continuing_dups = 0
     dup_keys, stuck_keys = _Keys(), _Keys()
+    # The effects failing each all/none check; counted always, listed on the check only if it fails.
+    unkeyed, unrecorded, no_receipt, unresolved, slow = _Keys(), _Keys(), _Keys(), _Keys(), _Keys()
     for key, events in spill.groups():
         e = _summarize(events, as_of_ms, stuck_ms)
         if not e.opened or e.first_intent_ms is None:
@@ -445,6 +467,16 @@ def _report(spill: KeyedSpill, report: AuditReport, as_of_ms: int, stuck_ms: int
             dup_keys.add(key)
         if e.stuck:
             stuck_keys.add(key)
+        if e.keyed < e.attempts:
+            unkeyed.add(key)
+        if e.outcomes < e.attempts_due:
+            unrecorded.add(key)
+        if e.executed and not e.with_receipt:
+            no_receipt.add(key)
+        if e.uncertain and not e.resolved:
+            unresolved.add(key)
+        if any(w > WINDOW_P99_MS for w in e.windows):
+            slow.add(key)
         attempts_due += e.attempts_due
         outcomes += e.outcomes
         if e.executed:
@@ -495,6 +527,22 @@ def _report(spill: KeyedSpill, report: AuditReport, as_of_ms: int, stuck_ms: int
             _listed("keys", report.undecodable_keys, report.undecodable) if report.undecodable else "",
         ),
     ]
+    failing = {
+        "keyed_writes": unkeyed,
+        "recorded_outcomes": unrecorded,
+        "receipts": no_receipt,
+        "resolved_by_reconciliation": unresolved,
+        "duplicate_executions": dup_keys,
+        f"stuck_over_{_label(stuck_ms)}": stuck_keys,
+        "sent_unrecorded_window": slow,
+    }
+    for c in report.checks:
+        if c.passed:
+            continue
+        if c.name == "undecodable_records":
+            c.keys, c.failing = list(report.undecodable_keys), report.undecodable
+        elif c.name in failing:
+            c.keys, c.failing = failing[c.name].result(), failing[c.name].count
     for name, row in sorted(per_target.items()):
         row.window_p99_ms = _percentile(target_windows[name], 0.99)
         report.targets.append(row)

@@ -79,6 +79,8 @@ class Row:
     created_ms: int
     updated_ms: int
     reason: str | None
+    run_id: str = ""
+    step: str = ""
 
 
 def row_of_sql(r: sqlite3.Row) -> Row:
@@ -86,7 +88,10 @@ def row_of_sql(r: sqlite3.Row) -> Row:
 
 
 def row_of_state(s: EffectState) -> Row:
-    return Row(s.effect_id, s.state.value, s.target, s.operation, s.attempt, s.created_ms, s.updated_ms, s.reason)
+    return Row(
+        s.effect_id, s.state.value, s.target, s.operation, s.attempt, s.created_ms, s.updated_ms, s.reason,
+        s.run_id, s.step,
+    )  # fmt: skip
 
 
 def stuck(

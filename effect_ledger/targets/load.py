@@ -26,6 +26,8 @@ One TOML file is read by the SDK (``Ledger.open(..., targets="targets.toml")``),
     body = "redact"                      # what of a request is recorded: "full" (default),
     redact = ["phone", "text"]           # "redact" these fields, "digest" only, or "encrypt"
                                          # with subject = "customer.id" (erasable: bodies.py)
+    searchable = ["order_id"]            # request fields the console can search by value
+                                         # (recorded ones only: not redacted, not digest/encrypt)
 
 Every target says how it is asked: ``lookup`` (a URL with ``{key}``, optionally ``{target}`` and
 ``{operation}``; or ``"none"``) or ``reconciler``. "Nobody can ask" is a declaration, never a
@@ -69,7 +71,7 @@ SECTIONS_READ_ELSEWHERE = frozenset({"mcp"})
 
 _COMMON = {
     "lookup", "reconciler", "honours_keys", "key_retention", "definite_errors", "receipt_id", "backoff",
-    "lands_within", *BODY_SETTINGS,
+    "lands_within", "searchable", *BODY_SETTINGS,
 }  # fmt: skip
 _HTTP = {
     "timeout",
@@ -239,6 +241,12 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         if not callable(obj):
             raise fail(f"receipt_id {receipt_id!r} is not callable", "receipt_id")
         receipt_fn = obj
+    policy = bodies.parse(body, fail)
+    searchable = _strings(body, "searchable", fail)
+    try:
+        bodies.check_searchable(policy, searchable)
+    except ValueError as e:
+        raise fail(str(e), "searchable") from None
     return Target(
         name,
         reconciler=reconciler,
@@ -247,8 +255,9 @@ def _target(name: str, body: Any, where: _Where) -> Target:
         definite_errors=errors,
         receipt_id=receipt_fn,
         backoff=_backoff(body.get("backoff"), fail),
-        body=bodies.parse(body, fail),
+        body=policy,
         lands_within_s=lands_within_s,
+        searchable=searchable,
     )
 
 

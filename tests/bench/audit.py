@@ -301,7 +301,7 @@ def run_child(args: list[str], timeout: float, sample_s: float = 0.02) -> ChildR
 def cli_audit(cfg: KafkaConfig, start_ms: int, end_ms: int, timeout: float) -> tuple[dict[str, Any], ChildRun]:
     r = run_child(
         ["-m", "effect_ledger", "audit", "--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix,
-         "--from", str(start_ms), "--to", str(end_ms), "--json"],
+         "--from", str(start_ms), "--to", str(end_ms), "--json", "--report-only"],
         timeout,
     )  # fmt: skip
     if r.returncode != 0:

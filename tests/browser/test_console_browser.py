@@ -1,11 +1,16 @@
 """The console in a real browser: Debian's chromium, headless, driven by selenium through
 /usr/bin/chromedriver (``scripts/install-browser.sh`` installs both; ``make test`` runs it first).
 
-Over a real ledger file with known contents (``tests/console_ledger.py``): load the effects page,
-filter a window, open a trace, resolve an escalation without credentials (refused, nothing written)
-and with them (recorded, the operator shown). Each page is saved as a PNG to ``build/screenshots/``,
-or to ``$EFFECTS_SCREENSHOTS_DIR`` (``EFFECTS_SCREENSHOTS_DIR=docs/screenshots make test-browser``
-refreshes the README's pictures); a test run never rewrites tracked files. Under CI (``CI`` set) a
+Over a real ledger file with known contents (``tests/console_ledger.py``, its targets declaring
+``order_id`` searchable): load the effects page, filter a window, open an effect from the audit; an
+on-call finds the refund of order 1001 with one search in the header, reads its page (the request
+with the redacted field marked, the reconciler's answers, its run) and records a decision on it
+behind the confirmation step, refused without the right credentials (nothing written) and recorded
+with them (the operator shown), then goes back to the queue; an ABSENT decision on an attempt that
+may still land is refused, with JavaScript off. Every page at 1,280 px wide, none scrolling sideways.
+Each page is saved as a PNG to ``build/screenshots/``, or to ``$EFFECTS_SCREENSHOTS_DIR``
+(``EFFECTS_SCREENSHOTS_DIR=docs/screenshots make test-browser`` refreshes the pictures of
+``docs/guides/console.md``); a test run never rewrites tracked files. Under CI (``CI`` set) a
 missing browser is a failure, not a skip: ``make test`` installs it first."""
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from effect_ledger.console.auth import Credentials
-from tests.console_ledger import ConsoleLedger, console_ledger
+from effect_ledger.console.source import Source
+from effect_ledger.targets.load import parse_targets
+from tests.console_ledger import TARGETS, ConsoleLedger, console_ledger
 from tests.console_server import serve
 from tests.ops_expected import now_ms
 
@@ -40,16 +47,18 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> ConsoleLedger:
 
 @pytest.fixture(scope="module")
 def url(ledger: ConsoleLedger) -> Iterator[str]:
-    with serve(str(ledger.path), Credentials(TOKEN, {"alice": "wonderland"})) as base:
+    source = Source(db=str(ledger.path), targets=parse_targets(TARGETS))
+    with serve(source, Credentials(TOKEN, {"alice": "wonderland"})) as base:
         yield base
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
+def _driver(*, javascript: bool = True) -> object:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
+    if not javascript:
+        opts.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
     opts.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
     for arg in (
         "--headless=new",
@@ -67,15 +76,40 @@ def browser() -> Iterator[object]:
     driver.execute_cdp_cmd(
         "Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
     )
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    driver = _driver()
     try:
         yield driver
     finally:
-        driver.quit()
+        driver.quit()  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def no_js_browser() -> Iterator[object]:
+    driver = _driver(javascript=False)
+    try:
+        yield driver
+    finally:
+        driver.quit()  # type: ignore[attr-defined]
 
 
 def shot(driver: object, name: str) -> None:
+    """Save the page as a PNG, and check it fits 1,280 px: nothing scrolls sideways."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    assert driver.save_screenshot(str(SHOTS / f"{name}.png"))  # type: ignore[attr-defined]
+    width = driver.execute_script("return document.documentElement.scrollWidth")  # type: ignore[attr-defined]
+    assert width <= 1280, f"{name}: the page is {width} px wide"
+    # The whole page, up to a bound, at 1,280 px: the view grows to the page's height for the picture.
+    height = driver.execute_script("return document.documentElement.scrollHeight")  # type: ignore[attr-defined]
+    metrics = {"width": 1280, "deviceScaleFactor": 1, "mobile": False}
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "height": min(max(800, height), 2000)})  # type: ignore[attr-defined]
+    try:
+        assert driver.save_screenshot(str(SHOTS / f"{name}.png"))  # type: ignore[attr-defined]
+    finally:
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {**metrics, "height": 800})  # type: ignore[attr-defined]
 
 
 def text(driver: object, css: str) -> str:
@@ -136,8 +170,10 @@ def test_load_and_filter_a_window(browser: object, url: str, ledger: ConsoleLedg
     d.find_element(By.CSS_SELECTOR, 'input[name="state"][value="PENDING"]').click()  # type: ignore[attr-defined]
     click_to_load(d, d.find_element(By.ID, "apply"))  # type: ignore[attr-defined]
     assert "5 of 5 matching" in text(d, "#shown")
-    keys = {a.text for a in d.find_elements(By.CSS_SELECTOR, "#effects a.key")}  # type: ignore[attr-defined]
-    assert keys == set(ledger.incident.stuck)
+    links = d.find_elements(By.CSS_SELECTOR, "#effects a.key")  # type: ignore[attr-defined]
+    # Shortened in the table; the full id in the title (and copied by its button).
+    assert {a.get_attribute("title") for a in links} == set(ledger.incident.stuck)
+    assert all(len(a.text) < 30 and a.get_attribute("title").startswith(a.text.rstrip("…")) for a in links)
     assert "ESCALATED" not in text(d, "#counts-state")  # begun 15 minutes ago: outside the window
     shot(d, "effects-filtered")
 
@@ -164,46 +200,106 @@ def test_open_a_trace(browser: object, url: str, ledger: ConsoleLedger) -> None:
     shot(d, "trace")
 
 
-def _resolve(d: object, key: str, decision: str, user: str, secret: str) -> None:
+def _choose(d: object, decision: str, reason: str, receipt: str = "") -> None:
+    """On an effect's page: no choice is made in advance; pick one, say why, review it."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
 
-    form = d.find_element(By.CSS_SELECTOR, f'.escalation[data-key="{key}"] form.resolve')  # type: ignore[attr-defined]
-    Select(form.find_element(By.NAME, "decision")).select_by_value(decision)
-    form.find_element(By.NAME, "reason").send_keys("refunded by hand after a call with the gateway")
-    form.find_element(By.NAME, "user").send_keys(user)
-    form.find_element(By.NAME, "secret").send_keys(secret)
-    click_to_load(d, form.find_element(By.CSS_SELECTOR, "button"))
+    form = d.find_element(By.CSS_SELECTOR, "form.decide")  # type: ignore[attr-defined]
+    radios = form.find_elements(By.CSS_SELECTOR, 'input[type="radio"][name="decision"]')
+    assert len(radios) == 4 and not any(r.is_selected() for r in radios)
+    form.find_element(By.ID, f"d-{decision}").click()
+    if receipt:
+        form.find_element(By.ID, "d-receipt").send_keys(receipt)
+    form.find_element(By.ID, "d-reason").send_keys(reason)
+    click_to_load(d, form.find_element(By.ID, "d-next"))
 
 
-def test_resolve_an_escalation_without_and_with_credentials(browser: object, url: str, ledger: ConsoleLedger) -> None:
+def _confirm(d: object, user: str, secret: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    d.find_element(By.ID, "c-user").send_keys(user)  # type: ignore[attr-defined]
+    d.find_element(By.ID, "c-secret").send_keys(secret)  # type: ignore[attr-defined]
+    click_to_load(d, d.find_element(By.ID, "confirm"))  # type: ignore[attr-defined]
+
+
+def test_an_on_call_finds_the_refund_of_an_order_and_decides_on_its_page(
+    browser: object, url: str, ledger: ConsoleLedger
+) -> None:
+    from selenium.webdriver.common.by import By
+
     d = browser
     key = ledger.escalated
     d.get(url + "/stuck")  # type: ignore[attr-defined]
     assert "escalation queue: 2" in text(d, "#queue")
     assert "ESCALATE (no answer after 5 tries)" in text(d, f'.escalation[data-key="{key}"]')
     shot(d, "stuck-and-escalations")
-    before = events_and_state(ledger, key)
 
-    _resolve(d, key, "ABANDONED", "alice", "not-her-password")
+    # One search, from the header of any page.
+    d.find_element(By.ID, "h-q").send_keys("order_id:1001")  # type: ignore[attr-defined]
+    click_to_load(d, d.find_element(By.ID, "h-search"))  # type: ignore[attr-defined]
+    assert "1 found" in text(d, "#searched")
+    (link,) = d.find_elements(By.CSS_SELECTOR, "#effects a.key")  # type: ignore[attr-defined]
+    assert link.get_attribute("title") == key
+    shot(d, "search-order")
+
+    click_to_load(d, link)
+    assert d.current_url.endswith("/effect/" + key.replace(":", "%3A"))  # type: ignore[attr-defined]
+    assert text(d, "#effect-id") == key
+    assert d.find_elements(By.CSS_SELECTOR, "#effect-id + button.copy")  # type: ignore[attr-defined]
+    request = text(d, "#request")
+    assert 'order_id searchable "1001"' in request and "email redacted" in request and "4800" in request
+    answers = text(d, "#answers")
+    assert "UNKNOWN" in answers and "ESCALATE" in answers and "no answer after 5 tries" in answers
+    assert text(d, "#receipts") == "no receipt recorded"
+    same_run = {a.get_attribute("title") for a in d.find_elements(By.CSS_SELECTOR, "#same-run a.key")}  # type: ignore[attr-defined]
+    assert same_run == {ledger.in_flight}
+    assert "ABSENT It never happened at the destination. Allows a new call" in text(d, "form.decide")
+    shot(d, "effect")
+
+    before = events_and_state(ledger, key)
+    _choose(d, "CONFIRMED", "refunded by hand after a call with the gateway", receipt="re_manual_1001")
+    assert "CONFIRMED" in text(d, "#confirm-summary") and "re_manual_1001" in text(d, "#confirm-summary")
+    assert "no new call is made" in text(d, "#consequence")
+    assert events_and_state(ledger, key) == before  # reviewing writes nothing
+    shot(d, "decide-confirm")
+
+    _confirm(d, "alice", "not-her-password")
     assert "wrong or missing credentials" in text(d, "#error") and "nothing was written" in text(d, "#decided")
     assert events_and_state(ledger, key) == before
     shot(d, "resolve-refused")
 
-    d.get(url + "/stuck")  # type: ignore[attr-defined]
-    _resolve(d, ledger.in_flight, "ABSENT", "alice", "wonderland")
-    assert "may still land at the destination" in text(d, "#error")
-    assert events_and_state(ledger, ledger.in_flight)[1] == "ESCALATED"
-
-    d.get(url + "/stuck")  # type: ignore[attr-defined]
-    _resolve(d, key, "ABANDONED", "alice", "wonderland")
-    assert "decision ABANDONED recorded by alice; state ABANDONED" in text(d, "#decided")
-    assert events_and_state(ledger, key) == (before[0] + 1, "ABANDONED")
+    d.back()  # type: ignore[attr-defined]
+    d.find_element(By.ID, "c-user").clear()  # type: ignore[attr-defined]
+    _confirm(d, "alice", "wonderland")
+    assert "decision CONFIRMED recorded by alice; state CONFIRMED" in text(d, "#decided")
+    assert events_and_state(ledger, key) == (before[0] + 1, "CONFIRMED")
     shot(d, "resolve-recorded")
 
+    click_to_load(d, d.find_element(By.ID, "back-to-effect"))  # type: ignore[attr-defined]
+    last = d.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")[-1].text  # type: ignore[attr-defined]
+    assert "decision CONFIRMED: refunded by hand" in last and "person:alice" in last
+    assert "re_manual_1001" in text(d, "#receipts") and "alice" in text(d, "#decisions")
+    shot(d, "trace-decided")
+
+    d.back()  # type: ignore[attr-defined]
+    click_to_load(d, d.find_element(By.ID, "back-to-queue"))  # type: ignore[attr-defined]
+    assert "escalation queue: 1" in text(d, "#queue")
+
+
+def test_a_decision_without_javascript_and_one_that_could_double_is_refused(
+    no_js_browser: object, url: str, ledger: ConsoleLedger
+) -> None:
     from selenium.webdriver.common.by import By
 
-    click_to_load(d, d.find_element(By.CSS_SELECTOR, "#decided a.key"))  # type: ignore[attr-defined]
-    last = d.find_elements(By.CSS_SELECTOR, "#timeline tbody tr")[-1].text  # type: ignore[attr-defined]
-    assert "decision ABANDONED: refunded by hand" in last and "person:alice" in last
-    shot(d, "trace-decided")
+    d = no_js_browser
+    key = ledger.in_flight
+    d.get(url + "/?" + "from=-1h&q=1002")  # type: ignore[attr-defined]
+    assert not d.find_elements(By.CSS_SELECTOR, "button.copy")  # type: ignore[attr-defined]  # no script ran
+    (link,) = d.find_elements(By.CSS_SELECTOR, "#effects a.key")  # type: ignore[attr-defined]
+    click_to_load(d, link)
+    before = events_and_state(ledger, key)
+    _choose(d, "ABSENT", "the gateway says it has no such refund")
+    _confirm(d, "alice", "wonderland")
+    assert "may still land at the destination" in text(d, "#error") and "nothing was written" in text(d, "#decided")
+    assert events_and_state(ledger, key) == before == (before[0], "ESCALATED")
+    shot(d, "resolve-refused-may-still-land")

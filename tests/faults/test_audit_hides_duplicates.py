@@ -67,7 +67,7 @@ def _embedded(tmp_path: Path) -> Backend:
         with sqlite3.connect(path) as conn:  # damage the stored bytes of those intents
             for key in damaged:
                 conn.execute("UPDATE events SET body = ? WHERE effect_id = ? AND kind = 'Intent'", (GARBAGE, key))
-        r = cli("audit", "--db", path, "--from", "-30m", "--json")
+        r = cli("audit", "--db", path, "--from", "-30m", "--json", "--report-only")
         assert r.exit_code == 0, r.output
 
         def flags(key: str) -> list[str]:
@@ -97,7 +97,7 @@ def _kafka(cfg: KafkaConfig) -> Backend:
             )
         assert producer.flush(30) == 0 and not errors, errors[:3]
         p = ["--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix]
-        r = cli("audit", *p, "--from", "-30m", "--json")
+        r = cli("audit", *p, "--from", "-30m", "--json", "--report-only")
         assert r.exit_code == 0, r.output
 
         def flags(key: str) -> list[str]:

@@ -106,6 +106,10 @@ BAD_VALUES: dict[str, list[tuple[str, str]]] = {
     "count": [("negative count", "-1")],
     "states": [("unknown state", "NOPE")],
     "web_host": [],
+    # effects init: a file already there (whatever it is) is refused and left as it was
+    "targets_file": [("starter over a file", "{notes}"), ("starter over a ledger", "{ledger}"),
+                     ("starter in a missing folder", "{tmp}/no-such-folder/targets.toml"),
+                     ("starter over a FIFO", "{fifo}"), ("starter over a folder", "{tmp}")],
 }  # fmt: skip
 
 

@@ -61,3 +61,21 @@ def test_a_decision_through_the_console_lands_on_the_decisions_topic(url: str, s
             60,
             "the console's decision on effects.decisions",
         )
+
+
+def test_search_and_an_effect_page_over_the_topics(setup: Setup) -> None:  # noqa: F811
+    # The incident's requests are {"n": i}: declared searchable, n finds one effect by its value.
+    from effect_ledger import Target
+    from effect_ledger.core.keys import effect_key
+
+    targets = [Target("payments", searchable=("n",)), Target("tickets", searchable=("n",))]
+    with serve(Source(cfg=setup.cfg, targets=targets), Credentials(TOKEN)) as base:
+        key = effect_key("payments", "create", "incident-run", "step-42")
+        for search in ("n:42", "42", "step:step-42", "run:incident-run step:step-42"):
+            d = get_json(base, "/api/effects?" + urllib.parse.urlencode({"from": "-1h", "q": search}))
+            assert [e["effect_id"] for e in d["effects"]] == [key], search
+        assert get_json(base, "/api/effects?from=-1h&q=n:100000")["matched"] == 0
+        status, page = call(base, "/effect/" + urllib.parse.quote(key, safe=""))
+        assert status == 200 and "step-42" in page and "incident-run" in page
+        assert '<td>n <span class="tag">searchable</span></td><td><code>42</code>' in page
+        assert "only the first 100 are listed" in page  # the run holds 1,000 effects

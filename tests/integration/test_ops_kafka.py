@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WAIT = 60.0
 INTERMEDIATE = {"PENDING", "EXECUTED", "UNCERTAIN", "ESCALATED"}
 
-# The on-call's queries over the sink's table (README, "The on-call's SQL"), exactly as run here.
+# The on-call's queries over the sink's table (docs/guides/oncall-sql.md), exactly as run here.
 SQL_UNCERTAIN_LAST_HOUR = (
     "SELECT effect_id FROM effects WHERE state = 'UNCERTAIN' AND updated_ms > (strftime('%s','now') - 3600) * 1000"
 )
@@ -128,8 +128,8 @@ def setup(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         inc = incident(now_ms())
         produce(cfg, inc)
         p = ["--bootstrap", cfg.bootstrap, "--prefix", cfg.prefix]
-        audit_before = cli("audit", *p, "--from", "-1h", "--json")
-        empty_before = cli("audit", *p, "--from", "-5m", "--json")
+        audit_before = cli("audit", *p, "--from", "-1h", "--json", "--report-only")
+        empty_before = cli("audit", *p, "--from", "-5m", "--json", "--report-only")
 
         started = now_ms()
         processor.start().wait_ready(WAIT)
@@ -173,7 +173,7 @@ def test_audit_of_a_window_that_excludes_everything(setup: Setup) -> None:
 
     # After the processor, the window holds its timeouts of the stuck effects (stamped now): events
     # of effects that began before the window, counted as continuing and left out.
-    after = json.loads(ok(cli("audit", *setup.p, "--from", "-5m", "--json")))
+    after = json.loads(ok(cli("audit", *setup.p, "--from", "-5m", "--json", "--report-only")))
     # Only undecodable_records counts them: every record replayed decoded.
     assert after["targets"] == [] and all(
         c["denominator"] == 0 for c in after["checks"] if c["name"] != "undecodable_records"
@@ -187,7 +187,7 @@ def test_audit_of_a_window_that_excludes_everything(setup: Setup) -> None:
 def test_audit_after_the_processor_adds_only_the_timeouts_of_the_stuck(setup: Setup) -> None:
     """Once the processor ran, the stuck five have a timeout (they became uncertain, and nobody
     resolved them); every other number of the incident is unchanged."""
-    report = json.loads(ok(cli("audit", *setup.p, "--from", "-1h", "--json")))
+    report = json.loads(ok(cli("audit", *setup.p, "--from", "-1h", "--json", "--report-only")))
     want = expected_checks()
     uncertain = EXPECTED.uncertain + EXPECTED.stuck
     want["uncertain"].update(numerator=uncertain)

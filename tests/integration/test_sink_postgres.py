@@ -1,6 +1,6 @@
 """``effects sink --to postgresql://...`` against a real PostgreSQL server (tests/postgres.py) and
 the shared broker: the known incident sunk into both databases gives the same table and the same
-answers to the README's on-call queries; a sink killed mid-transaction leaves rows and offsets
+answers to the on-call queries of docs/guides/oncall-sql.md; a sink killed mid-transaction leaves rows and offsets
 consistent and a restart completes it with no row lost or doubled; an unreachable database is
 one line and exit 1.
 """
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.integration
 
 WAIT = 60.0
 
-# The README's PostgreSQL forms of the two queries that read the clock (SQLite's
+# The PostgreSQL forms (docs/guides/oncall-sql.md) of the two queries that read the clock (SQLite's
 # strftime('%s','now') is extract(epoch from now()) in PostgreSQL); the other three run unchanged.
 PG_UNCERTAIN_LAST_HOUR = (
     "SELECT effect_id FROM effects WHERE state = 'UNCERTAIN' "
@@ -55,7 +55,7 @@ PG_STUCK = (
     "WHERE state IN ('PENDING','EXECUTED','UNCERTAIN','ESCALATED') "
     "AND created_ms < (extract(epoch from now())::bigint - 600) * 1000 ORDER BY created_ms"
 )
-# (SQLite form, PostgreSQL form) of each README query.
+# (SQLite form, PostgreSQL form) of each query of docs/guides/oncall-sql.md.
 ON_CALL = {
     "uncertain in the last hour": (SQL_UNCERTAIN_LAST_HOUR, PG_UNCERTAIN_LAST_HOUR),
     "stuck": (SQL_STUCK, PG_STUCK),

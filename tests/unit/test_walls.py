@@ -63,13 +63,15 @@ def test_a_wall_broken_on_purpose_fails(tmp_path: Path, module: str, line: str, 
     assert f"{contract}" in out.stdout and "BROKEN" in out.stdout, out.stdout
 
 
-def test_every_room_says_what_it_holds_and_the_readme_lists_it() -> None:
+def test_every_room_says_what_it_holds_and_the_layout_lists_it() -> None:
     """Each package folder's ``__init__`` docstring says what lives there and what it may import, and
-    the README's layout block names the folder."""
+    the layout page of the docs (docs/reference/layout.md) and the README's short map name the folder."""
     import ast
 
+    layout = (ROOT / "docs/reference/layout.md").read_text()
+    block = layout.split("# Layout", 1)[1].split("```", 2)[1]
     readme = (ROOT / "README.md").read_text()
-    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    short = readme.split("## Layout", 1)[1].split("```", 2)[1]
     rooms = sorted(
         p.parent
         for top in ("effect_ledger", "streams", "processors")
@@ -80,4 +82,5 @@ def test_every_room_says_what_it_holds_and_the_readme_lists_it() -> None:
     for room in rooms:
         doc = ast.get_docstring(ast.parse((room / "__init__.py").read_text())) or ""
         assert "import" in doc.lower(), f"{room.relative_to(ROOT)}/__init__.py does not say what it may import"
-        assert f"{room.name}/" in block, f"README's layout does not list {room.relative_to(ROOT)}/"
+        assert f"{room.name}/" in block, f"docs/reference/layout.md does not list {room.relative_to(ROOT)}/"
+        assert f"{room.name}/" in short, f"README's layout does not list {room.relative_to(ROOT)}/"

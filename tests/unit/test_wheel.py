@@ -161,6 +161,20 @@ def test_effects_demo_one_refund_at_the_gateway(venv: Venv) -> None:
     assert "gateway: 1 refund: re_0001" in text
 
 
+def test_the_readme_first_effect_runs_on_the_base_install(venv: Venv) -> None:
+    """The README's "Your first effect" section (``effects init``, the example, ``effects trace`` and
+    ``audit``) as a new user runs it: the built wheel, no extras, the starter targets file from the
+    wheel's package data."""
+    from tests.unit.test_readme import first_effect_script
+
+    script, _ = first_effect_script()
+    out = _checked(venv.run("bash", "-c", script))
+    assert out.stdout.count("gateway: refund 4800 for order 1001") == 1, out.stdout[-3000:]
+    assert "re_1001 (recorded before: not called again)" in out.stdout
+    assert "state: CONFIRMED" in out.stdout
+    assert (venv.project / "first-effect/targets.toml").is_file()
+
+
 def test_public_api_and_embedded_ledger_load_no_kafka_module(venv: Venv) -> None:
     out = _checked(venv.run("python", "-c", PROBE.read_text()))
     report = json.loads(out.stdout)

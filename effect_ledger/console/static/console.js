@@ -1,5 +1,24 @@
-// effect-ledger console: optional auto-refresh of the read-only pages, nothing else. The pages work
-// without JavaScript; every form is a plain HTML form.
+// effect-ledger console: optional auto-refresh of the read-only pages and copy buttons beside
+// effect ids. The pages work without JavaScript (every form is a plain HTML form; a full id is in
+// its link's title and selectable on the effect's page).
+(function () {
+  "use strict";
+  if (!navigator.clipboard) { return; }
+  var ids = document.querySelectorAll("[data-copy]");
+  for (var i = 0; i < ids.length; i++) {
+    (function (el) {
+      var b = document.createElement("button");
+      b.type = "button";
+      b.className = "copy";
+      b.title = "copy the full id";
+      b.textContent = "copy";
+      b.addEventListener("click", function () {
+        navigator.clipboard.writeText(el.getAttribute("data-copy")).then(function () { b.textContent = "copied"; });
+      });
+      el.insertAdjacentElement("afterend", b);
+    })(ids[i]);
+  }
+})();
 (function () {
   "use strict";
   var form = document.querySelector("form.filters");

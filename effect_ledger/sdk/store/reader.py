@@ -115,6 +115,14 @@ class LedgerReader:
         """Effects created in [``from_ms``, ``to_ms``), newest first."""
         return self._run(tables.created_between, from_ms, to_ms)  # type: ignore[no-any-return]
 
+    def intents_created_between(self, from_ms: int, to_ms: int) -> list[sqlite3.Row]:
+        """The intents (effect_id, body) of the effects created in [``from_ms``, ``to_ms``)."""
+        return self._run(tables.intents_created_between, from_ms, to_ms)  # type: ignore[no-any-return]
+
+    def same_run(self, namespace: str, run_id: str, limit: int) -> list[sqlite3.Row]:
+        """The effects of one run, oldest first, at most ``limit``."""
+        return self._run(tables.same_run, namespace, run_id, limit)  # type: ignore[no-any-return]
+
     def events(self) -> Iterator[tuple[int, str, int, bytes]]:
         """Every event row in the order written: (seq, effect_id, at_ms, body)."""
         try:

@@ -223,6 +223,26 @@ def created_between(conn: sqlite3.Connection, from_ms: int, to_ms: int) -> list[
     )
 
 
+def intents_created_between(conn: sqlite3.Connection, from_ms: int, to_ms: int) -> list[sqlite3.Row]:
+    """The intent events (effect_id, body) of the effects created in [``from_ms``, ``to_ms``), in
+    the order written: what the console's search by request field reads."""
+    return rows(
+        conn,
+        "SELECT effect_id, body FROM events WHERE kind = 'Intent' AND effect_id IN "
+        "(SELECT effect_id FROM effects WHERE created_ms >= ? AND created_ms < ?) ORDER BY seq",
+        (from_ms, to_ms),
+    )
+
+
+def same_run(conn: sqlite3.Connection, namespace: str, run_id: str, limit: int) -> list[sqlite3.Row]:
+    """The effects of one run, oldest first, at most ``limit``."""
+    return rows(
+        conn,
+        "SELECT * FROM effects WHERE namespace = ? AND run_id = ? ORDER BY created_ms, effect_id LIMIT ?",
+        (namespace, run_id, limit),
+    )
+
+
 def counts(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
     """(state, target, effects) for every pair present: one pass over the table."""
     return conn.execute("SELECT state, target, COUNT(*) FROM effects GROUP BY state, target").fetchall()

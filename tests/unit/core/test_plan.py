@@ -1,4 +1,4 @@
-"""``effect_ledger.core.plan``: the README's "what execute does" table, row by row, against the
+"""``effect_ledger.core.plan``: the "what execute does" table of docs/guides/embedded.md, row by row, against the
 pure plan (no file, no clock, no process table: every input is given)."""
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_run_with_a_bad_declaration_names_file_and_line(files: dict[str, Path], 
     assert one_line(r.stderr) == f"effects: {files['bad']}:3: target 'payments': unknown setting 'honors_keys' " + (
         "(known: absent_status, absent_values, backoff, body, definite_errors, found_status, headers, "
         "honours_keys, key_retention, lands_within, lookup, max_body, pending_values, receipt_field, receipt_id, "
-        "reconciler, redact, redirects, state_field, subject, timeout)"
+        "reconciler, redact, redirects, searchable, state_field, subject, timeout)"
     )
     assert not files["db"].exists()  # nothing started
 
