@@ -45,7 +45,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "effect-ledger needs Python 3.11+ (found %s)" % sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,metrics,mcp,langgraph,postgres,erasure,bench,docs,assess,assess-test,dev]"
+	@$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[kafka,processor,metrics,otel,mcp,langgraph,postgres,erasure,bench,docs,assess,assess-test,dev]"
 	@touch $@
 
 venv: $(VENV)/.installed

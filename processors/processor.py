@@ -87,6 +87,9 @@ from effect_ledger.core.model import (
 )
 from effect_ledger.core.reconcile import Target
 from effect_ledger.errors import ConfigError
+from effect_ledger.metrics import logs
+from effect_ledger.metrics.effects import EffectWatch
+from effect_ledger.metrics.logs import DEFAULT_SUMMARY_S, Summary
 from effect_ledger.processors import _faust_internals as faust_internals
 from effect_ledger.processors import native_memory, retirement, rocks, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
@@ -156,6 +159,9 @@ class ProcessorSettings:
     # How often the worker asks the broker whether its ACLs still give it every right it needs
     # (``streams.acl.NEEDS["worker"]``): one it lost makes it not ready, with the right named.
     rights_interval_s: float = 15.0
+    # Seconds between the worker's summary log lines (``effects worker --log-summary``; 0: none).
+    summary_s: float = DEFAULT_SUMMARY_S
+    log_format: str = "text"  # the log lines' format (``--log-format``): also for --processes' children
 
     @property
     def full_app_id(self) -> str:
@@ -239,6 +245,10 @@ class LedgerProcessor:
         # deadlines are decided on here, never this host's wall clock (streams/log_clock.py).
         self.log_clock = LogClock(settings.clock)
         self._skew_warned: dict[str, float] = {}
+        # What the worker says (effect_ledger.metrics.logs): its notable events, one line each, and
+        # a summary of its counts every ``summary_s``; the same changes move the counters.
+        self.summary = Summary(log, settings.summary_s)
+        self.watch = EffectWatch(metrics, log, self.summary)
         # The timer and the fold (after a batch) both act on due deadlines: one at a time, or both
         # could send a key's Timeout before either marked it sent.
         self._acting = asyncio.Lock()
@@ -273,7 +283,7 @@ class LedgerProcessor:
         )
         self._batch_done = asyncio.Event()  # set (and replaced) after every batch: lookups wait on it
         self.handover = Handover(self.s.drain_s, faust_internals.leave_unacknowledged, self._forget_partitions)
-        self.app.before_stop = self.handover.stop
+        self.app.before_stop = self._stopping
         self._register()
 
     # -- wiring ----------------------------------------------------------------------------
@@ -338,10 +348,12 @@ class LedgerProcessor:
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
+            self._say_partitions("partitions_revoked", "revoked", revoked)
             await self.handover.revoke(frozenset(revoked))
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust passes the assigned set too
         async def assigned(_app: Any, assigned: Any, **kwargs: Any) -> None:
+            self._say_partitions("partitions_assigned", "assigned", assigned)
             self.handover.assign(frozenset(assigned))
 
         processor = self
@@ -442,6 +454,20 @@ class LedgerProcessor:
             tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.events.get_topic_name()
         )
 
+    async def _stopping(self) -> None:
+        self.summary.emit()  # what it counted since the last summary, before it goes
+        await self.handover.stop()
+
+    def _say_partitions(self, name: str, verb: str, tps: Any) -> None:
+        """One line per rebalance: the events partitions this worker was given or lost."""
+        topic = self.events.get_topic_name()
+        parts = sorted(tp.partition for tp in tps if tp.topic == topic)
+        self.summary.count(name.replace("partitions_", "rebalances_"))
+        logs.event(
+            log, name, f"partitions {verb}: {parts or 'none'} of {topic}",
+            topic=topic, partitions=parts, group=self.s.full_app_id,
+        )  # fmt: skip
+
     def _forget_partitions(self) -> None:
         """Partitions were revoked: what this worker holds about them is no longer the table."""
         self.index.forget()
@@ -480,6 +506,7 @@ class LedgerProcessor:
         for key, evs in group_by_key(items).items():
             await self._fold_key(key, evs)
         await self.out.flush()
+        self.summary.count("events", len(batch))
         for (from_decisions, p), offset in done.items():
             (self.processed_decisions if from_decisions else self.processed)[p] = offset
         self._batch_done.set()
@@ -565,9 +592,8 @@ class LedgerProcessor:
                     self._publish(key, before, (), part)
                 return
             self.out.put(part, tkey, result.value)
-        if self.metrics is not None:
-            for b, a, ev in result.steps:
-                self._observe(b, a, ev)
+        for b, a, ev in result.steps:
+            self._observe(b, a, ev)
         self._cache[key] = (result.value, after)
         self._cache.move_to_end(key)
         if len(self._cache) > _CACHE_KEYS:
@@ -641,18 +667,18 @@ class LedgerProcessor:
             self.out.produce(self.uncertain.get_topic_name(), part, kb, self.codec.encode(u), [self.codec.header(u)])
 
     def _observe(self, before: Effect | None, after: Effect, ev: Any) -> None:
-        """Counters for one folded change (the effect is decoded already: nothing is read)."""
+        """Counters and log lines for one folded change (the effect is decoded already: nothing is
+        read). Every way into UNCERTAIN counts, the agent's own unknown outcomes included."""
+        self.watch(before, after, (ev,))
         m = self.metrics
-        target = after.intent.target if after.intent else ""
+        if m is None:
+            return
         was = before.state if before is not None else None
         if isinstance(ev, Executed):
             m.unrecorded_window.observe(max(0, ev.at_ms - ev.call_ended_ms) / 1000)
         if after.state is State.UNCERTAIN and was is not State.UNCERTAIN and isinstance(ev, Timeout):
             if before is not None and before.deadline_ms is not None:
                 m.detection_latency.observe(max(0, self.log_clock.now() - before.deadline_ms) / 1000)
-            m.uncertain.labels(target=target).inc()
-        if after.state is State.ESCALATED and was is not State.ESCALATED:
-            m.escalated.labels(target=target).inc()
 
     def _load(self, key: str, value: bytes | None = None) -> Effect | None:
         """The folded effect of ``key``: from ``value`` (read by the fold, in the key's partition),
@@ -705,6 +731,7 @@ class LedgerProcessor:
         self.index.record_highwaters(now, {tp.partition: int(hws.get(tp) or 0) for tp in tps})
         if self.metrics is not None:
             self._gauges(tps, hws, now)
+        self.summary.tick(open_effects=len(self.index), partitions=sorted(assigned))
         async with self._acting:
             await self._act(now)
 

@@ -23,9 +23,11 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect
+from effect_ledger.core.model import DeadLetter, Resolution, UncertainEffect, Verdict
 from effect_ledger.core.reconcile import Target, judge, only_the_agent_can_ask, target_for, view_of_uncertain
 from effect_ledger.errors import DecodeError, EncodeError, NotAuthorized
+from effect_ledger.metrics import logs, tracing
+from effect_ledger.metrics.logs import DEFAULT_SUMMARY_S, Summary
 from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.acl import RECONCILER_GROUP
 from effect_ledger.streams.admin import refused_by_acls
@@ -81,8 +83,13 @@ class ReconcileService:
         batch: int = 100,
         concurrency: int = 32,
         metrics: Any = None,
+        summary_s: float = DEFAULT_SUMMARY_S,
     ) -> None:
         self.cfg = cfg
+        self.group = f"{cfg.prefix}{group}"
+        # What the service says (effect_ledger.metrics.logs): a line per rebalance and per verdict,
+        # a summary of its counts every ``summary_s`` seconds.
+        self.summary = Summary(log, summary_s)
         self.metrics = metrics  # a LedgerMetrics, or None
         self.targets = dict(targets)
         self.codec = kafka_codec(cfg, writes=True)  # publishes its schemas, learns newer ones
@@ -107,7 +114,20 @@ class ReconcileService:
             )
         )
         self._producer = Producer(producer_config(cfg, **{"message.timeout.ms": 30_000}))
-        self._consumer.subscribe([cfg.topics.uncertain])
+        self._consumer.subscribe([cfg.topics.uncertain], on_assign=self._assigned, on_revoke=self._revoked)
+
+    def _assigned(self, _consumer: Any, tps: list[TopicPartition]) -> None:
+        self._say("partitions_assigned", "assigned", tps)
+
+    def _revoked(self, _consumer: Any, tps: list[TopicPartition]) -> None:
+        self._say("partitions_revoked", "revoked", tps)
+
+    def _say(self, name: str, verb: str, tps: list[TopicPartition]) -> None:
+        parts = sorted(tp.partition for tp in tps)
+        topic = self.cfg.topics.uncertain
+        self.summary.count(name.replace("partitions_", "rebalances_"))
+        said = f"partitions {verb}: {parts or 'none'} of {topic}"
+        logs.event(log, name, said, topic=topic, partitions=parts, group=self.group)
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Reconcile until ``stop``. A batch the broker fails (its coordinator died, a leader moved,
@@ -135,7 +155,9 @@ class ReconcileService:
                     continue
                 if self.metrics is not None:  # after an empty poll too: a lag that drained reads 0
                     await asyncio.to_thread(self._record_lag)
+                self.summary.tick()
         finally:
+            self.summary.emit()
             await asyncio.to_thread(self._consumer.close)
 
     async def run_once(self, timeout: float = 0.5) -> int:
@@ -199,6 +221,7 @@ class ReconcileService:
             asynchronous=False,
         )
         self.stats.consumed += len(msgs)
+        self.summary.count("uncertain_consumed", len(msgs))
         return len(msgs)
 
     def _record_lag(self) -> None:
@@ -310,16 +333,32 @@ class ReconcileService:
         if declared and only_the_agent_can_ask(v, target, now()):
             self.stats.skipped += 1
             return None
-        async with self._sem:
-            # An "absent" is what the destination said when it was asked: judged at that time, not
-            # when the answer came back (a slow answer must not carry an early ask past the window).
-            asked = now()
-            answer, name = await ask(v, target, asked, declared=declared)
-        resolution = judge(v, target, answer, name, asked)
+        with tracing.effect_span("reconcile", u.effect_id, u.target, u.operation, u.attempt) as span:
+            async with self._sem:
+                # An "absent" is what the destination said when it was asked: judged at that time, not
+                # when the answer came back (a slow answer must not carry an early ask past the window).
+                asked = now()
+                answer, name = await ask(v, target, asked, declared=declared)
+            resolution = judge(v, target, answer, name, asked)
+            if span is not None:
+                span.span.set_attribute("effect_ledger.verdict", resolution.verdict.value)
+                span.end_state(_STATE_AFTER.get(resolution.verdict, "UNCERTAIN"))
         self.stats.resolutions[resolution.verdict.value] = self.stats.resolutions.get(resolution.verdict.value, 0) + 1
         if self.metrics is not None:
             self.metrics.resolutions.labels(verdict=resolution.verdict.value).inc()
-        log.info("%s attempt %d: %s (%s)", u.effect_id, u.attempt, resolution.verdict.value, resolution.reason[:500])
+        verdict = resolution.verdict.value
+        self.summary.count(f"verdicts_{verdict}")
+        fields = {"effect_id": u.effect_id, "target": u.target, "attempt": u.attempt, "verdict": verdict}
+        if resolution.verdict is Verdict.ESCALATE:
+            log.warning(
+                "effect %s ESCALATED to a person: %s", u.effect_id, resolution.reason[:500],
+                extra={"event": "escalated", **fields, "reason": resolution.reason[:500]},
+            )  # fmt: skip
+        else:
+            logs.event(
+                log, "verdict", f"effect {u.effect_id} attempt {u.attempt}: {verdict} ({resolution.reason[:500]})",
+                **fields, reason=resolution.reason[:500],
+            )  # fmt: skip
         return resolution
 
 
@@ -333,8 +372,21 @@ def _partition_eof(m: Message) -> bool:
         return True
     if err.fatal():
         raise RuntimeError(f"consumer error: {err}")
-    log.warning("consumer: %s", err)
+    if err.code() in _COORDINATOR_STARTING:
+        # The group's coordinator is being elected or loaded (a broker just started, a new group):
+        # librdkafka retries by itself, and it is normal at every start. Not a warning.
+        log.info("consumer: %s (normal while the group coordinator starts; retried)", err)
+    else:
+        log.warning("consumer: %s", err)
     return True
+
+
+# The state a verdict leads the effect to, once the worker folds it (for the reconcile span).
+_STATE_AFTER = {Verdict.FOUND: "CONFIRMED", Verdict.ABSENT: "ABSENT", Verdict.ESCALATE: "ESCALATED"}
+
+_COORDINATOR_STARTING = frozenset(
+    {KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS}
+)
 
 
 def _now() -> int:

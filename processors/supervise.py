@@ -90,6 +90,7 @@ class Processor(Service):
         token: str | None = None,
         metrics_port: int | None = None,
         targets: Path | None = None,
+        extra: list[str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.metrics_port = metrics_port  # serve Prometheus /metrics there (the [metrics] extra)
@@ -117,6 +118,7 @@ class Processor(Service):
                 "info",
                 *(["--metrics-port", str(metrics_port)] if metrics_port else []),
                 *(["--targets", str(targets)] if targets else []),
+                *(extra or []),
             ],
             data_dir.parent / f"worker-{self.port}.log",
             env={TOKEN_ENV: token} if token else None,

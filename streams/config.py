@@ -163,8 +163,21 @@ class KafkaConfig:
             conf["ssl.ca.location"] = self.ssl_cafile
         if self.log_level is not None:
             conf["log_level"] = self.log_level
+        if _client_logger is not None:
+            conf["logger"] = _client_logger
         conf.update(extra)
         return conf
+
+
+# Where librdkafka's own log lines go: its stderr (None), or a Python logger once a service has set
+# up its logging (effect_ledger.metrics.logs), so they take the service's format and filters.
+_client_logger: Any = None
+
+
+def send_client_logs_to(logger: Any) -> None:
+    """Route the log lines of every confluent-kafka client made from now on to ``logger``."""
+    global _client_logger
+    _client_logger = logger
 
 
 def operator_identity(cfg: KafkaConfig | None = None) -> str:

@@ -31,6 +31,8 @@ __all__ = [
     "out",
     "print_table",
     "ready",
+    "service_log_options",
+    "start_logging",
     "source_options",
     "table",
     "topic_options",
@@ -102,6 +104,42 @@ def json_option(fn: Any, help: str = "JSON output") -> Any:
 
 def json_lines_option(fn: Any) -> Any:
     return json_option(fn, help="JSON lines output")
+
+
+_log_format = click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="EFFECTS_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="the service's log lines on stderr: text for people, json for a log collector (one object a line) "
+    "[env EFFECTS_LOG_FORMAT]",
+)
+_log_summary = click.option(
+    "--log-summary",
+    type=click.FloatRange(0, 86_400),
+    envvar="EFFECTS_LOG_SUMMARY",
+    default=60.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="seconds between summary lines (what the service counted since the last one); 0: none "
+    "[env EFFECTS_LOG_SUMMARY]",
+)
+
+
+def service_log_options(fn: Any) -> Any:
+    """``--log-format`` and ``--log-summary``: the services' shared logging options
+    (``effect_ledger.metrics.logs``; docs/guides/observability.md)."""
+    return _apply(fn, [_log_format, _log_summary])
+
+
+def start_logging(service: str, log_format: str) -> None:
+    """Set up this process's log lines for the service ``service`` (before it says anything)."""
+    from effect_ledger.cli._boundary import settings
+    from effect_ledger.metrics import logs
+
+    logs.setup(log_format, verbose=settings.verbose)
+    logs.service(service)
 
 
 def wide_option(fn: Any) -> Any:

@@ -31,6 +31,8 @@ from effect_ledger.cli._shared import (
     out,
     print_table,
     ready,
+    service_log_options,
+    start_logging,
     table,
     topic_options,
     wide_option,
@@ -99,7 +101,9 @@ def main(verbose: bool, broker_timeout: float | None, schema_registry: str | Non
     configure(verbose, broker_timeout)
     if schema_registry:  # every command's KafkaConfig.from_env reads it
         os.environ["EFFECTS_SCHEMA_REGISTRY"] = schema_registry
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    from effect_ledger.metrics import logs
+
+    logs.setup("text", verbose=verbose)  # the services set their own format (--log-format) on it
 
 
 @main.command()
@@ -283,6 +287,7 @@ def _targets(spec: str | None) -> dict[str, Any]:
 @click.option("--interval", type=POSITIVE_SECONDS, default=0.5, show_default=True, help="seconds between ticks")
 @click.option("--once", is_flag=True, help="one tick, print what it did, exit")
 @metrics_options
+@service_log_options
 def run(
     db: str,
     targets_spec: str | None,
@@ -291,6 +296,8 @@ def run(
     metrics_port: int | None,
     metrics_host: str,
     metrics_token: str | None,
+    log_format: str,
+    log_summary: float,
 ) -> None:
     """The embedded runner: fire deadlines and reconcile uncertain effects of a ledger file."""
     targets = list(_targets(targets_spec).values())
@@ -298,14 +305,27 @@ def run(
     from effect_ledger.sdk.ledger import Ledger
     from effect_ledger.sdk.runner import Runner
 
+    start_logging("run", log_format)
+
     async def go() -> None:
         async with await Ledger.open(db, targets=targets) as ledger:
-            runner = Runner(ledger, interval=interval, metrics=metrics)
-            if once:
+            runner = Runner(ledger, interval=interval, metrics=metrics, summary_every=log_summary)
+            if once:  # one tick is a command, not a service: its answer is the JSON on stdout
                 report = await runner.tick()
                 click.echo(json.dumps({"timed_out": report.timed_out, "reconciled": report.reconciled}))
-            else:
+                return
+            _started(
+                "embedded runner firing deadlines and reconciling",
+                f"ledger file {db}, every {interval:g} s",
+                db=db,
+                interval_s=interval,
+                targets=sorted(t.name for t in targets),
+                metrics=f"{metrics_host}:{metrics_port}" if metrics_port else None,
+            )
+            try:
                 await runner.run()
+            finally:
+                runner.summary.emit()
 
     try:
         asyncio.run(go())  # a missing folder or a file that is not a ledger: one line at the boundary
@@ -368,6 +388,7 @@ def run(
     "[default: half the group's rebalance timeout, 30]",
 )
 @metrics_options
+@service_log_options
 def worker(
     bootstrap: str | None,
     prefix: str | None,
@@ -387,6 +408,8 @@ def worker(
     metrics_port: int | None,
     metrics_host: str,
     metrics_token: str | None,
+    log_format: str,
+    log_summary: float,
 ) -> None:
     """The ledger processor: fold effects.events into the table, publish effects.state and
     effects.uncertain, fire deadlines, serve lookups. Runs until SIGTERM/SIGINT."""
@@ -411,6 +434,8 @@ def worker(
     )
     if drain_s is not None:
         settings.drain_s = drain_s
+    settings.summary_s, settings.log_format = log_summary, log_format
+    start_logging("worker", log_format)
     settings.check_web()  # before anything is contacted or started
     if metrics_port is not None:  # likewise (and once, not by each worker of --processes)
         from effect_ledger.metrics.http import check_exposure
@@ -441,6 +466,7 @@ def worker(
 @target_options
 @click.option("--group", default=RECONCILER_GROUP, show_default=True, help="consumer group (after the prefix)")
 @metrics_options
+@service_log_options
 def reconcile(
     bootstrap: str | None,
     prefix: str | None,
@@ -450,6 +476,8 @@ def reconcile(
     metrics_port: int | None,
     metrics_host: str,
     metrics_token: str | None,
+    log_format: str,
+    log_summary: float,
 ) -> None:
     """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
     Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
@@ -458,6 +486,7 @@ def reconcile(
 
     from effect_ledger.processors.reconcile_service import ReconcileService
 
+    start_logging("reconcile", log_format)
     cfg = ready(KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions), 30)
     from effect_ledger.streams import rights
 
@@ -469,7 +498,17 @@ def reconcile(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await ReconcileService(cfg, targets, group=group, metrics=metrics).run(stop)
+        service = ReconcileService(cfg, targets, group=group, metrics=metrics, summary_s=log_summary)
+        _started(
+            "reconcilers asking destinations about uncertain effects",
+            f"{cfg.topics.uncertain} from {cfg.bootstrap} (group {service.group}), answers to {cfg.topics.events}",
+            bootstrap=cfg.bootstrap,
+            topics=[cfg.topics.uncertain, cfg.topics.events],
+            group=service.group,
+            targets=sorted(targets),
+            metrics=f"{metrics_host}:{metrics_port}" if metrics_port else None,
+        )
+        await service.run(stop)
 
     asyncio.run(go())
 
@@ -486,6 +525,7 @@ def reconcile(
     help="first put the rows Kafka's ACLs refused back in the outbox (once the right is given), then relay",
 )  # fmt: skip
 @wide_option
+@service_log_options
 def relay(
     db: str,
     bootstrap: str | None,
@@ -494,6 +534,8 @@ def relay(
     refused: bool,
     resend_refused: bool,
     wide: bool,
+    log_format: str,
+    log_summary: float,
 ) -> None:
     """Send what an outbox holds that Kafka has not acknowledged (e.g. left by a dead agent), then exit.
     A row Kafka refuses for good (too large, invalid, or refused by its ACLs) is set aside with its
@@ -516,6 +558,7 @@ def relay(
     from effect_ledger.sdk.store.sqlite import Store
 
     cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
+    start_logging("relay", log_format)
 
     async def go() -> tuple[int, int]:
         store = await Store.open(db)  # a file that is not a ledger is refused before a broker is asked
@@ -529,10 +572,29 @@ def relay(
                 back = await store.resend_refused()
                 click.echo(f"{back} rows refused by Kafka's ACLs put back in the outbox")
             pending = await store.outbox_depth()
+            _started(
+                "relay sending an outbox's unacknowledged events",
+                f"{pending} events from {db} to {cfg.topics.events} on {cfg.bootstrap}",
+                db=db, bootstrap=cfg.bootstrap, topics=[cfg.topics.events], pending=pending,
+            )  # fmt: skip
+            from effect_ledger.metrics.logs import Summary
+
+            summary = Summary(logging.getLogger("effect_ledger.relay"), log_summary)
+            counted = [0]
+
+            def sent_so_far(n: int) -> None:
+                progress.update(task, completed=n)
+                summary.count("events_sent", n - counted[0])
+                counted[0] = n
+                summary.tick(pending=max(0, pending - n))
+
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("relaying", total=pending)
                 relay = Relay(store, cfg)
-                sent = await relay.drain(lambda n: progress.update(task, completed=n))
+                sent = await relay.drain(sent_so_far)
+            summary.count("events_sent", sent - counted[0])
+            summary.count("dead_letters", relay.stats.dead_letters)
+            summary.emit()
             return sent, relay.stats.dead_letters
         finally:
             await store.close()
@@ -544,6 +606,13 @@ def relay(
         click.echo(
             f"dead-lettered {dead} events Kafka refused (reasons in the dead_letters table, copies on {cfg.topics.dlq})"
         )
+
+
+def _started(what: str, where: str, **fields: Any) -> None:
+    """A service's one start line: what it serves, where (``effect_ledger.metrics.logs``)."""
+    from effect_ledger.metrics import logs
+
+    logs.started(logging.getLogger("effect_ledger.service"), f"{what}: {where}", **fields)
 
 
 def _register_ops() -> None:

@@ -24,7 +24,9 @@ from effect_ledger.cli._shared import (
     kafka_config,
     kafka_options,
     ready,
+    service_log_options,
     source_options,
+    start_logging,
     wide_option,
 )
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms, iso, time_ms
@@ -441,16 +443,20 @@ def resolve(
 @click.option(
     "--batch", type=click.IntRange(min=1), default=5000, show_default=True, help="records per transaction, at most"
 )
-def sink(bootstrap: str | None, prefix: str | None, url: str, once: bool, batch: int) -> None:
+@service_log_options
+def sink(
+    bootstrap: str | None, prefix: str | None, url: str, once: bool, batch: int, log_format: str, log_summary: float
+) -> None:
     """Materialise effects.state into a SQL table `effects` (indexed by state and update time) in
     SQLite or PostgreSQL, with the consumed offsets in the same transaction: a restart neither
     loses nor doubles a row."""
     from effect_ledger.ops.sink import StateSink
     from effect_ledger.streams import rights
 
+    start_logging("sink", log_format)
     cfg = kafka_of(bootstrap, prefix)
     rights.require(cfg, "sink", "effects sink")
-    s = StateSink(cfg, url, batch=batch)
+    s = StateSink(cfg, url, batch=batch, summary_s=log_summary)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

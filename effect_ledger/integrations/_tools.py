@@ -19,6 +19,7 @@ from typing import Any
 from effect_ledger.core.model import State
 from effect_ledger.errors import InvalidEffect
 from effect_ledger.integrations.decisions import parse_decision
+from effect_ledger.metrics import tracing
 from effect_ledger.sdk._wrap import bind_request, keyed
 from effect_ledger.sdk.ledger import Confirmation, Ledger
 
@@ -53,7 +54,11 @@ def tool_function(
 
     @functools.wraps(fn)
     async def tool(ctx: Any, *args: Any, **kwargs: Any) -> Any:
-        return await inner(*args, **kwargs, **{CONTEXT: ctx})
+        # The attempt's span is this tool call's (GenAI attributes); the model's id of the call is
+        # ``tool_call_id`` on the OpenAI Agents SDK's ToolContext and on Pydantic AI's RunContext.
+        call_id = getattr(ctx, "tool_call_id", None)
+        with tracing.tool_call(name, call_id if isinstance(call_id, str) else None):
+            return await inner(*args, **kwargs, **{CONTEXT: ctx})
 
     del tool.__wrapped__  # the framework must see the signature below, not fn's (it has the key)
     tool.__signature__ = sig.replace(parameters=[ctx, *params], return_annotation=Any)  # type: ignore[attr-defined]

@@ -45,6 +45,7 @@ from effect_ledger.mcp.policy import (
     windowed,
 )
 from effect_ledger.mcp.wire import INVALID_REQUEST, Upstream, error_response, result_response
+from effect_ledger.metrics import tracing
 from effect_ledger.sdk.ledger import Confirmation, Ledger
 
 EFFECT_META = "effect-ledger/effect"  # on every result of a recorded call
@@ -128,16 +129,19 @@ class WriteCalls:
         reserved = {k: v for k, v in meta.items() if k.startswith(_RESERVED_META)}
         token = _CURRENT.set(_Call(upstream, reserved))
         try:
-            confirmation = await self.ledger.execute(
-                target=write.target,
-                operation=write.operation,
-                request={"tool": write.tool, "arguments": arguments},
-                call=call,
-                run_id=ident.run_id,
-                step=ident.step,
-                key=ident.key,
-                timeout=write.timeout_s,
-            )
+            # An MCP tools/call is an agent's tool call: its attempt's span carries the GenAI tool
+            # attributes, with the JSON-RPC request id as the call's id.
+            with tracing.tool_call(write.tool, None if rid is None else str(rid)):
+                confirmation = await self.ledger.execute(
+                    target=write.target,
+                    operation=write.operation,
+                    request={"tool": write.tool, "arguments": arguments},
+                    call=call,
+                    run_id=ident.run_id,
+                    step=ident.step,
+                    key=ident.key,
+                    timeout=write.timeout_s,
+                )
         except ToolRefused as e:
             return {**e.response, "id": rid}
         except LedgerError as e:

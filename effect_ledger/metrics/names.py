@@ -41,9 +41,17 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str, str]] = {
     "effect_ledger_events_total": ("counter", ("kind",), "Events folded, by kind (Intent, Executed, ...)", "worker"),
     "effect_ledger_uncertain_total": (
         "counter",
-        ("target",),
-        "Effects made UNCERTAIN by a passed deadline",
-        "runner, worker",
+        ("target", "cause"),
+        "Effects that became UNCERTAIN, every way: cause = deadline (passed without an outcome), "
+        "unknown_outcome (the agent's call timed out or lost its connection), other",
+        "worker; embedded: runner, SDK (Ledger.open(metrics=...))",
+    ),
+    "effect_ledger_duplicate_executions_total": (
+        "counter",
+        ("target", "kind"),
+        "Effects the destination executed twice, on the ledger's evidence: kind = execution (two successful "
+        "Executed records for one key) or receipt (two distinct receipt ids); once per effect, as effects audit counts",
+        "worker; embedded: runner, SDK (Ledger.open(metrics=...))",
     ),
     "effect_ledger_escalated_total": (
         "counter",

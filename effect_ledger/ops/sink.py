@@ -9,6 +9,7 @@ newer version.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from effect_ledger.errors import DecodeError
+from effect_ledger.metrics import logs
+from effect_ledger.metrics.logs import DEFAULT_SUMMARY_S, Summary
 from effect_ledger.ops.sink_db import SinkStore, open_store
 from effect_ledger.ops.sources import SourceError, _partitions
 from effect_ledger.sdk.store.tables import state_row
@@ -23,6 +26,8 @@ from effect_ledger.streams.acl import client_group
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.schema_topic import kafka_codec
 from effect_ledger.streams.watermarks import watermarks
+
+log = logging.getLogger("effect_ledger.sink")
 
 MAX_BATCH = 100_000  # records per transaction, at most (--batch)
 
@@ -40,7 +45,7 @@ class SinkStats:
 
 
 class StateSink:
-    def __init__(self, cfg: KafkaConfig, url: str, batch: int = 5000) -> None:
+    def __init__(self, cfg: KafkaConfig, url: str, batch: int = 5000, summary_s: float = DEFAULT_SUMMARY_S) -> None:
         if not 1 <= batch <= MAX_BATCH:
             raise SourceError(f"--batch {batch}: give 1 to {MAX_BATCH:,} records per transaction")
         self.cfg = cfg
@@ -49,6 +54,7 @@ class StateSink:
         self.stats = SinkStats()
         self.store: SinkStore = open_store(url)
         self.codec = kafka_codec(cfg)  # learns newer writers' schemas from effects.schemas
+        self.summary = Summary(log, summary_s)
 
     @property
     def describe(self) -> str:
@@ -79,6 +85,12 @@ class StateSink:
                 assignment.append(TopicPartition(self.topic, p, start))
             position = {tp.partition: tp.offset for tp in assignment}
             c.assign(assignment)
+            logs.started(
+                log,
+                f"sink materialising {self.topic} from {self.cfg.bootstrap} into {self.describe}",
+                bootstrap=self.cfg.bootstrap, topics=[self.topic], to=self.describe, partitions=parts,
+                behind=sum(max(0, ends[p] - position[p]) for p in parts),
+            )  # fmt: skip
             while True:
                 if once and all(position[p] >= ends[p] for p in parts):
                     break
@@ -88,8 +100,10 @@ class StateSink:
                 good = [m for m in msgs if not m.error()]
                 if good:
                     self._write(good, position)
+                self.summary.tick()
         finally:
             c.close()
+            self.summary.emit()
         return self.stats
 
     def _write(self, msgs: list, position: dict[int, int]) -> None:  # type: ignore[type-arg]
@@ -115,6 +129,10 @@ class StateSink:
         self.store.write(rows, self.topic, position, deletes)
         self.stats.records += len(msgs)
         self.stats.batches += 1
+        self.summary.count("state_records", len(msgs))
+        self.summary.count("rows_written", len(rows))
+        if deletes:
+            self.summary.count("rows_deleted", len(deletes))
 
     def close(self) -> None:
         self.store.close()

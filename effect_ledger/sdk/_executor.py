@@ -63,6 +63,7 @@ from effect_ledger.errors import (
     StorageError,
     UnknownTarget,
 )
+from effect_ledger.metrics import tracing
 from effect_ledger.sdk import bodies, crashpoints
 from effect_ledger.sdk._workers import LocalWorker, owner_alive
 from effect_ledger.sdk.erasure import Keyring
@@ -255,9 +256,16 @@ class Executor:
         if effect is None or effect.state not in OPEN_STATES:
             return effect
         target, declared = target_for(self.targets, target_name(effect))
-        asked_at = self.clock()
-        answer, asked = await self.ask(effect, target, call, call_timeout, declared=declared)
-        return (await self.record_answer(effect, target, answer, asked, asked_at))[0]
+        intent = effect.intent
+        with tracing.effect_span(
+            "reconcile", key, target.name, intent.operation if intent else "", effect.attempt
+        ) as span:
+            asked_at = self.clock()
+            answer, asked = await self.ask(effect, target, call, call_timeout, declared=declared)
+            after = (await self.record_answer(effect, target, answer, asked, asked_at))[0]
+            if span is not None:
+                span.end_state(after.state.value)
+            return after
 
     async def _attempt(
         self, key: str, before: Effect | None, spec: CallSpec, call: Call, step: Execute
@@ -296,6 +304,32 @@ class Executor:
             claim_until_ms=deadline,
             observed_owner=step.take_over_from,
         )
+        # The attempt exists from here on (its intent is durable): its span, when the application
+        # records them (``effect_ledger.metrics.tracing``), ends with the effect's state after it.
+        with tracing.effect_span(
+            "attempt", key, spec.target, spec.operation, attempt, run_id=spec.run_id, step=spec.step
+        ) as span:
+            try:
+                confirmation = await self._after_intent(key, effect, intent, intent_seq, step, spec, call, written)
+            except BaseException as e:
+                if span is not None:
+                    # The state the ledger holds now, not one guessed from the exception: a rejection
+                    # is FAILED, an unknown outcome UNCERTAIN, an unrecordable one still PENDING.
+                    try:
+                        after = (await self.store.load(key)).effect
+                    except Exception:  # the store failed too: the exception says what happened
+                        after = None
+                    span.end_state(after.state.value if after is not None else "UNRECORDED", e)
+                raise
+            if span is not None:
+                span.end_state(State.CONFIRMED.value)
+            return confirmation
+
+    async def _after_intent(
+        self, key: str, effect: Effect, intent: Intent, intent_seq: int | None, step: Execute, spec: CallSpec,
+        call: Call, written: float,
+    ) -> Confirmation:  # fmt: skip
+        attempt = intent.attempt
         await self._wait_acked(effect, attempt, intent_seq)
         if step.confirm_claim:
             effect = await self._confirm_claim(intent, effect, intent_seq)

@@ -170,7 +170,8 @@ class Ledger:
 
         Metrics (the ``[metrics]`` extra): ``metrics`` is an
         ``effect_ledger.metrics.names.LedgerMetrics`` the relay updates (outbox depth, dead
-        letters) on the application's own registry, to serve as it likes; ``metrics_port`` serves
+        letters) on the application's own registry, to serve as it likes; embedded (no ``kafka``),
+        this ledger also counts the effects it makes UNCERTAIN or finds executed twice; ``metrics_port`` serves
         one on ``127.0.0.1:PORT/metrics`` until ``close``.
         """
         path, level = _checked_open(path, durability, targets)  # typed errors, nothing touched yet
@@ -192,6 +193,12 @@ class Ledger:
                 metrics = LedgerMetrics(feature="Ledger.open(metrics_port=...)")
             server = metrics.serve(metrics_port)
         store = await Store.open(path, level)
+        if metrics is not None and cfg is None:
+            # Embedded, the file is the ledger: its changes (an unknown outcome made UNCERTAIN, a
+            # duplicate execution) are counted here. In Kafka mode the worker folds and counts them.
+            from effect_ledger.metrics.effects import EffectWatch
+
+            store.observe(id(metrics), EffectWatch(metrics))
         relay: Relay | None = None
         keyring: Keyring | None = None
         if cfg is not None:

@@ -16,6 +16,9 @@ from typing import Any
 from effect_ledger.core.effect import Effect
 from effect_ledger.core.model import OPEN_STATES, State
 from effect_ledger.core.reconcile import next_check_ms, only_the_agent_can_ask, target_for, target_name
+from effect_ledger.metrics import logs
+from effect_ledger.metrics.effects import EffectWatch
+from effect_ledger.metrics.logs import DEFAULT_SUMMARY_S, Summary
 from effect_ledger.sdk.ledger import Ledger
 
 log = logging.getLogger("effect_ledger.runner")
@@ -44,6 +47,7 @@ class Runner:
         batch: int = 500,
         metrics: Any = None,
         metrics_every: float = 5.0,
+        summary_every: float = DEFAULT_SUMMARY_S,
     ) -> None:
         self.ledger = ledger
         self.interval = interval
@@ -54,6 +58,11 @@ class Runner:
         self.metrics = metrics
         self.metrics_every = metrics_every
         self._gauges_at: float | None = None
+        # Every change of the file this process writes is counted and said once (the SDK's watch
+        # on the same metrics, in the same process, is replaced by this one: not counted twice).
+        self.summary = Summary(log, summary_every)
+        self.watch = EffectWatch(metrics, log, self.summary)
+        ledger.store.observe(id(metrics) if metrics is not None else self, self.watch)
 
     async def tick(self) -> TickReport:
         report = TickReport()
@@ -65,7 +74,6 @@ class Runner:
             if after is not None and after.state is State.UNCERTAIN:
                 report.timed_out.append(key)
                 if self.metrics is not None:
-                    self.metrics.uncertain.labels(target=target_name(after)).inc()
                     self.metrics.detection_latency.observe(max(0, self.ledger.now_ms() - deadline) / 1000)
         uncertain = await store.due_checks(now, self.batch)
         for key, tries_so_far in uncertain:
@@ -83,18 +91,21 @@ class Runner:
             if after is None:
                 continue
             report.reconciled[key] = after.state.value
+            verdict = _verdict(after)
+            self.summary.count(f"verdicts_{verdict}")
+            logs.event(
+                log, "verdict", f"effect {key}: reconciler answered {verdict}, now {after.state.value}",
+                effect_id=key, target=name, verdict=verdict, state=after.state.value,
+            )  # fmt: skip
             if self.metrics is not None:
-                self.metrics.resolutions.labels(verdict=_verdict(after)).inc()
-                if after.state is State.ESCALATED:
-                    self.metrics.escalated.labels(target=name).inc()
+                self.metrics.resolutions.labels(verdict=verdict).inc()
             if after.state is State.UNCERTAIN:
                 # Asked again after the target's backoff: the processor's rule in Kafka mode too.
                 later = self.ledger.now_ms()
                 await store.record_check(key, tries_so_far + 1, next_check_ms(after, target, later) or later)
         if self.metrics is not None:
             await self._refresh_gauges(now)
-        if report:
-            log.info("tick: %d timed out, %d reconciled", len(report.timed_out), len(report.reconciled))
+        self.summary.tick()
         return report
 
     async def _refresh_gauges(self, now: int) -> None:

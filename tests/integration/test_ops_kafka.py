@@ -317,8 +317,16 @@ def test_sink_materialises_the_state_and_survives_restarts(setup: Setup) -> None
             WAIT,
             f"{key} ABANDONED on effects.state",
         )
-    third = ok(cli("sink", *setup.p, "--to", "sqlite:///ops.db", "--once", cwd=workdir))
+    run3 = cli("sink", *setup.p, "--to", "sqlite:///ops.db", "--once", "--log-format", "json", cwd=workdir)
+    third = ok(run3)
     assert third.startswith("sink: 1 state records"), third
+    # What the sink said on stderr (JSON lines): where it reads and writes, then what it wrote.
+    said = json_lines(run3.stderr)
+    start = next(x for x in said if x["event"] == "start")
+    assert start["service"] == "sink" and start["topics"] == [setup.cfg.topics.state] and "ops.db" in start["to"]
+    assert start["bootstrap"] == setup.cfg.bootstrap and start["behind"] == 1
+    (summary,) = [x for x in said if x["event"] == "summary"]  # the last one, when it stops
+    assert summary["counts"] == {"state_records": 1, "rows_written": 1}
     after = table(db)
     assert set(after) == set(rows)
     changed = {k for k in after if after[k] != rows[k]}

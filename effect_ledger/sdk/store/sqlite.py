@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
 import sqlite3
 import threading
@@ -49,6 +50,8 @@ from effect_ledger.sdk.store import tables
 from effect_ledger.sdk.store.reader import SQLITE_MAGIC, read_only_uri
 from effect_ledger.sdk.store.tables import LEDGER_TABLES, SCHEMA, Due, effect_row
 from effect_ledger.streams.codec import Codec, default_codec
+
+log = logging.getLogger("effect_ledger.store")
 
 #: How a row refused by Kafka's ACLs is marked in ``dead_letters`` (the relay writes it; an operator
 #: sends such rows again with ``effects relay --resend-refused`` once the right is given).
@@ -254,6 +257,9 @@ class Store:
         self.codec = codec
         self._closed = False
         self._listeners: list[Callable[[int], None]] = []
+        # Told of each effect this store changed (before, after, the new events), after the write
+        # is durable: the metrics and the service's log lines (effect_ledger.metrics.effects).
+        self._observers: dict[object, Callable[[Effect | None, Effect, Sequence[Event]], None]] = {}
         self._pending: list[tuple[_Op, asyncio.Future[Any]]] = []
         self._sync_level = durability.value
         self._checkpointer: asyncio.Task[None] | None = None
@@ -484,7 +490,17 @@ class Store:
         if not sent:
             for listener in self._listeners:
                 listener(seq)
+        for observe in self._observers.values():
+            try:
+                observe(before, after, new)
+            except Exception:  # a metric or a log line must never undo or fail a durable write
+                log.exception("observing a change of %s failed", after.effect_id)
         return Appended(after, seq)
+
+    def observe(self, key: object, fn: Callable[[Effect | None, Effect, Sequence[Event]], None]) -> None:
+        """Call ``fn(before, after, new_events)`` after each durable change of an effect; one
+        observer per ``key`` (a second one under the same key replaces the first)."""
+        self._observers[key] = fn
 
     async def _commit(self, op: _Op) -> Any:
         """Group commit: writes that arrive while a transaction is in flight (or in the same turn

@@ -25,7 +25,7 @@ NAME = re.compile(r"\beffect_ledger_[a-z0-9_]+")
 # a typo or a metric of something else).
 PROMQL_WORDS = {
     "sum", "max", "min", "avg", "by", "without", "rate", "increase", "histogram_quantile", "le",
-    "state", "target", "topic", "kind", "verdict", "writer", "instance", "m", "h", "ESCALATED",
+    "state", "target", "topic", "kind", "verdict", "writer", "instance", "cause", "m", "h", "ESCALATED",
 }  # fmt: skip
 
 

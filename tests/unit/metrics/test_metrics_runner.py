@@ -71,7 +71,7 @@ def test_the_runner_metrics_of_the_known_incident(runner: tuple[Service, int, Pa
     # Everything else of the incident was settled when the runner started: 1,000 - 5 CONFIRMED.
     confirmed = sum(v for k, v in effects.items() if ("state", "CONFIRMED") in k)
     assert confirmed == EXPECTED.effects - EXPECTED.stuck
-    assert m["effect_ledger_uncertain_total"] == {(("target", "payments"),): EXPECTED.stuck}
+    assert m["effect_ledger_uncertain_total"] == {(("cause", "deadline"), ("target", "payments")): EXPECTED.stuck}
     assert m["effect_ledger_resolutions_total"] == {(("verdict", "ESCALATE"),): EXPECTED.stuck}
     assert m["effect_ledger_open_effects"][()] == 0
     assert m["effect_ledger_oldest_overdue_seconds"][()] == 0
