@@ -13,8 +13,12 @@ Memory: one line at a time, plus the assessor's bounded tracking (``MAX_TRACKED`
 
 from __future__ import annotations
 
+import contextlib
 import marshal
+import os
+import signal
 import sys
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -246,15 +250,28 @@ _BATCH = 2048
 def _fold_forked(lines: Iterable[bytes | None], ctx: Context, result: Result) -> None:
     """Parse in a forked child, fold here: the child sends batches of calls as marshalled tuples
     (several times cheaper than pickling named tuples) over a pipe, whose bounded buffer keeps the
-    child at most a batch or two ahead; then the counts only it saw; or the error that stopped it."""
-    import multiprocessing
+    child at most a batch or two ahead; then the counts only it saw; or the error that stopped it.
 
-    mp = multiprocessing.get_context("fork")
-    recv, send = mp.Pipe(duplex=False)
-    child = mp.Process(target=_parse_child, args=(lines, ctx, result, send), daemon=True)
-    child.start()
-    send.close()  # the child's end only: its death shows here as end of file
+    A bare ``os.fork``, not ``multiprocessing.Process``: that closes standard input in the child,
+    which is the log of ``effects assess -``."""
+    from multiprocessing.connection import Connection
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: parse, send, and leave without running the parent's exit handlers
+        code = 1
+        try:
+            os.close(r)
+            _parse_child(lines, ctx, result, Connection(w, readable=False))
+            code = 0
+        except BaseException:  # a bug: its trace on stderr, the parent says the reading ended
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    os.close(w)  # the child's end only: its death shows here as end of file
+    recv = Connection(r, writable=False)
     add, make = result.assessor.add, tuple.__new__
+    done = False
     try:
         while True:
             try:
@@ -278,12 +295,14 @@ def _fold_forked(lines: Iterable[bytes | None], ctx: Context, result: Result) ->
             result.bad_examples[:] = examples
             for name, v in seen.items():
                 setattr(ctx.seen, name, v)
+            done = True
             return
     finally:
         recv.close()
-        if child.is_alive():  # this side failed or was interrupted: the child has nobody to send to
-            child.kill()
-        child.join()
+        if not done:  # this side failed or was interrupted: the child has nobody to send to
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def _parse_child(lines: Iterable[bytes | None], ctx: Context, result: Result, send: Any) -> None:
@@ -305,8 +324,6 @@ def _parse_child(lines: Iterable[bytes | None], ctx: Context, result: Result, se
         send.send_bytes(b"X" + marshal.dumps(("os", e.strerror or str(e), e.errno or 0)))
     except (BrokenPipeError, KeyboardInterrupt):  # the folding side is gone or interrupted too
         pass
-    finally:
-        send.close()
 
 
 def _records(obj: Any) -> Iterator[Any]:
