@@ -209,19 +209,21 @@ def _calls(
         if needle is not None and needle not in raw and redact_to is None:
             result.skipped += 1  # cannot be a tool call of this format: not parsed at all
             continue
-        if not raw.strip():
-            _bad(result, n, "empty")
-            continue
         try:
             obj = _loads(raw)
         except ValueError:
+            if not raw.strip():  # looked at only here: a copy of every line is not for free
+                _bad(result, n, "empty")
+                continue
             _bad(result, n, "not JSON")
             if redact_to is not None:
                 redact_to(raw, None)
             continue
         if redact_to is not None:
             redact_to(raw, obj)
-        for rec in _records(obj):
+        # one record per line, the usual case, without a generator
+        recs = (obj,) if isinstance(obj, dict) and not isinstance(obj.get("data"), list) else _records(obj)
+        for rec in recs:
             if reader is None:
                 found = detect(rec)
                 if found is None:

@@ -186,13 +186,11 @@ def _lowered(d: dict[str, Any]) -> dict[str, Any]:
 
 def time_ms(value: Any) -> int | None:
     """ISO 8601, or epoch seconds, milliseconds or nanoseconds, as epoch milliseconds."""
-    if isinstance(value, bool):
+    if value is None:
         return None
-    if isinstance(value, int | float):
-        if value > 1e17:
-            return int(value // 1_000_000)  # nanoseconds (OTLP)
-        return int(value if value > 1e11 else value * 1000)
-    if isinstance(value, str) and value:
+    if isinstance(value, str):  # the usual case first: one call per record and field
+        if not value:
+            return None
         try:
             t = datetime.fromisoformat(value)
         except ValueError:
@@ -203,6 +201,12 @@ def time_ms(value: Any) -> int | None:
         if t.tzinfo is None:
             t = t.replace(tzinfo=UTC)
         return int(t.timestamp() * 1000)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        if value > 1e17:
+            return int(value // 1_000_000)  # nanoseconds (OTLP)
+        return int(value if value > 1e11 else value * 1000)
     return None
 
 
@@ -221,17 +225,22 @@ def business(value: Any) -> Any:
     value = _parsed(value)
     if isinstance(value, dict):
         return {
-            k: v if type(v) in _SCALARS else business(v)  # most values: no call, nothing to parse or drop
+            k: v if _plain(v) else business(v)  # most values: no call, nothing to parse or drop
             for k, v in value.items()
             if not (isinstance(k, str) and k.lower() in NOT_BUSINESS)
         }
     if isinstance(value, list):
-        return [v if type(v) in _SCALARS else business(v) for v in value]
+        return [v if _plain(v) else business(v) for v in value]
     return value
 
 
-# Values ``business`` returns as they are (a str may hold JSON to parse, so it is not among them).
+# Values ``business`` returns as they are: numbers, and text that cannot hold JSON to parse.
 _SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _plain(v: Any) -> bool:
+    t = type(v)
+    return t in _SCALARS or (t is str and v[:1] not in ("{", "["))
 
 
 def digest(value: Any) -> str:
