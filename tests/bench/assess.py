@@ -12,7 +12,8 @@ Two logs are written once per run (``EFFECTS_BENCH_ASSESS_MB``, default 1024; 20
 
 Figures per log: ``effects assess LOG --json`` as a child process (wall MB/s, its peak RSS), and in
 the same run a bare ``orjson.loads`` and ``json.loads`` of every line of the same file (the raw
-limit). The peak RSS is the larger of the two processes' (``RUSAGE_CHILDREN`` is a maximum). Standalone: ``python -m tests.bench.assess [MB]``.
+limit). The peak RSS is the larger of the two processes' (``RUSAGE_CHILDREN`` is a maximum).
+Standalone: ``python -m tests.bench.assess [MB]``.
 """
 
 from __future__ import annotations
