@@ -247,6 +247,8 @@ def _calls(
 
 #: Calls per message from the parsing child: about 200 KB, so a few are in flight at most (memory).
 _BATCH = 2048
+#: The pipe's buffer: the child writes a batch without waiting for the parent to read it piecewise.
+_PIPE_BYTES = 1 << 20
 
 
 def _fold_forked(lines: Iterable[bytes | None], ctx: Context, result: Result) -> None:
@@ -256,9 +258,12 @@ def _fold_forked(lines: Iterable[bytes | None], ctx: Context, result: Result) ->
 
     A bare ``os.fork``, not ``multiprocessing.Process``: that closes standard input in the child,
     which is the log of ``effects assess -``."""
+    import fcntl  # here: Unix only, like fork
     from multiprocessing.connection import Connection
 
     r, w = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):  # Linux: room for a few batches, not 64 KB
+        fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
     pid = os.fork()
     if pid == 0:  # the child: parse, send, and leave without running the parent's exit handlers
         code = 1
