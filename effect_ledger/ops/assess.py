@@ -254,7 +254,7 @@ _PIPE_BYTES = 1 << 20
 def _fold_forked(lines: Iterable[bytes | None], ctx: Context, result: Result) -> None:
     """Parse in a forked child, fold here: the child sends batches of calls as marshalled tuples
     (several times cheaper than pickling named tuples) over a pipe, whose bounded buffer keeps the
-    child at most a batch or two ahead; then the counts only it saw; or the error that stopped it.
+    child at most about a megabyte ahead; then the counts only it saw; or the error that stopped it.
 
     A bare ``os.fork``, not ``multiprocessing.Process``: that closes standard input in the child,
     which is the log of ``effects assess -``."""
@@ -325,12 +325,12 @@ def _parse_child(lines: Iterable[bytes | None], ctx: Context, result: Result, se
         seen = dict(ctx.seen.__dict__)
         summary = (result.format, result.lines, dict(result.bad), result.bad_examples, result.skipped, seen)
         send.send_bytes(b"E" + marshal.dumps(summary))
+    except (BrokenPipeError, KeyboardInterrupt):  # the folding side is gone or interrupted too
+        pass
     except AssessError as e:  # more than MAX_LOG_BYTES
         send.send_bytes(b"X" + marshal.dumps(("assess", str(e), 0)))
     except OSError as e:
         send.send_bytes(b"X" + marshal.dumps(("os", e.strerror or str(e), e.errno or 0)))
-    except (BrokenPipeError, KeyboardInterrupt):  # the folding side is gone or interrupted too
-        pass
 
 
 def _records(obj: Any) -> Iterator[Any]:

@@ -149,3 +149,28 @@ def test_the_cli_gives_the_one_process_report(tmp_path: Path) -> None:
     with path.open("rb") as fp:
         expected = assess(read_lines(fp)).as_dict(Costs(), show_values=True)
     assert json.loads(r.stdout) == json.loads(json.dumps(expected))
+
+
+def test_an_interrupted_fold_leaves_no_child_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or any error) in the folding parent: the child is killed and reaped, not left parsing."""
+    from effect_ledger.core.assess import Assessor
+
+    path = tmp_path / "calls.jsonl"
+    write_calls(path, 3)
+    forked: list[int] = []
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    def add(self: Assessor, call: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fork", fork)
+    monkeypatch.setattr(Assessor, "add", add)
+    with path.open("rb") as fp, pytest.raises(KeyboardInterrupt):
+        assess(read_lines(fp), parallel=True)
+    assert len(forked) == 1 and not Path(f"/proc/{forked[0]}").exists()  # gone, not a zombie
