@@ -115,7 +115,10 @@ def assess_command(
             fp: BinaryIO = sys.stdin.buffer if log == "-" else open_regular(log, pipe_hint)
             with fp:
                 lines = read_lines(fp, progress=_progress(fp, log))
-                result = assess(lines, fmt=fmt, paths=paths, writes=named, window_s=window_s, redact_to=redact_to)
+                # two cores or more: parse in a child while this process folds (identical results)
+                two = (os.cpu_count() or 1) > 1
+                result = assess(lines, fmt=fmt, paths=paths, writes=named, window_s=window_s, redact_to=redact_to,
+                                parallel=two)  # fmt: skip
         report = result.as_dict(costs, show_values=show_values)
         if html_file is not None:
             a = result.assessor

@@ -138,7 +138,7 @@ class Resolver:
 
     def __init__(self, paths: Mapping[str, tuple[str, ...]]) -> None:
         self._paths = {f: [tuple(p.split(".")) for p in cands] for f, cands in paths.items()}
-        self._plans: dict[tuple[Any, ...], dict[str, list[tuple[str, tuple[str, ...]]]]] = {}
+        self._plans: dict[tuple[Any, ...], dict[str, list[tuple[str, str]]]] = {}
 
     def fields(self, obj: dict[str, Any]) -> dict[str, Any]:
         sig = tuple(obj)
@@ -147,12 +147,14 @@ class Resolver:
             low = {k.lower(): k for k in obj if isinstance(k, str)}
             plan = {
                 f: [
-                    (c[0] if c[0] in obj else low[c[0].lower()], c[1:])
+                    (c[0] if c[0] in obj else low[c[0].lower()], ".".join(c[1:]))
                     for c in cands
                     if c[0] in obj or c[0].lower() in low
                 ]
                 for f, cands in self._paths.items()
             }
+            # a field none of whose paths can match is left out: not looked at per record
+            plan = {f: cands for f, cands in plan.items() if cands}
             if len(self._plans) < 4096:
                 self._plans[sig] = plan
         out: dict[str, Any] = {}
@@ -160,7 +162,7 @@ class Resolver:
             for first, rest in cands:
                 cur = obj[first]
                 if rest:
-                    cur = get(cur, (".".join(rest),))
+                    cur = get(cur, (rest,))
                 if cur is not None:
                     out[f] = cur
                     break
@@ -184,13 +186,11 @@ def _lowered(d: dict[str, Any]) -> dict[str, Any]:
 
 def time_ms(value: Any) -> int | None:
     """ISO 8601, or epoch seconds, milliseconds or nanoseconds, as epoch milliseconds."""
-    if isinstance(value, bool):
+    if value is None:
         return None
-    if isinstance(value, int | float):
-        if value > 1e17:
-            return int(value // 1_000_000)  # nanoseconds (OTLP)
-        return int(value if value > 1e11 else value * 1000)
-    if isinstance(value, str) and value:
+    if isinstance(value, str):  # the usual case first: one call per record and field
+        if not value:
+            return None
         try:
             t = datetime.fromisoformat(value)
         except ValueError:
@@ -201,6 +201,12 @@ def time_ms(value: Any) -> int | None:
         if t.tzinfo is None:
             t = t.replace(tzinfo=UTC)
         return int(t.timestamp() * 1000)
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        if value > 1e17:
+            return int(value // 1_000_000)  # nanoseconds (OTLP)
+        return int(value if value > 1e11 else value * 1000)
     return None
 
 
@@ -218,10 +224,23 @@ def business(value: Any) -> Any:
     """The arguments without the fields that name an attempt (keys, request ids, timestamps)."""
     value = _parsed(value)
     if isinstance(value, dict):
-        return {k: business(v) for k, v in value.items() if not (isinstance(k, str) and k.lower() in NOT_BUSINESS)}
+        return {
+            k: v if _plain(v) else business(v)  # most values: no call, nothing to parse or drop
+            for k, v in value.items()
+            if not (isinstance(k, str) and k.lower() in NOT_BUSINESS)
+        }
     if isinstance(value, list):
-        return [business(v) for v in value]
+        return [v if _plain(v) else business(v) for v in value]
     return value
+
+
+# Values ``business`` returns as they are: numbers, and text that cannot hold JSON to parse.
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def _plain(v: Any) -> bool:
+    t = type(v)
+    return t in _SCALARS or (t is str and v[:1] not in ("{", "["))
 
 
 def digest(value: Any) -> str:
