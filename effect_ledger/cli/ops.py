@@ -123,10 +123,12 @@ def audit(
     Exit status: 1 when a check fails and stdout is not a terminal (cron, CI, a pipe), unless
     --report-only; 3 with --fail-on-check; otherwise 0."""
     from effect_ledger.ops.audit import audit as run_audit
-    from effect_ledger.ops.audit import effect_link
+    from effect_ledger.ops.audit import console_base, effect_link
     from effect_ledger.ops.sources import db_events, replay_events
     from effect_ledger.ops.views import now_ms
 
+    # Checked before the replay (a mistake is told at once), and without user:password@ from here on.
+    console_url = console_base(console_url) if console_url else None
     now = now_ms()
     start, end = time_ms(from_, now), time_ms(to, now)
     if start >= end:

@@ -53,7 +53,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from effect_ledger.core.model import (
     Decision,
@@ -64,6 +64,7 @@ from effect_ledger.core.model import (
     Resolution,
     Timeout,
 )
+from effect_ledger.errors import ConfigError
 from effect_ledger.ops.sources import Replayed
 from effect_ledger.ops.spill import KeyedSpill
 
@@ -324,6 +325,26 @@ class AuditReport:
             ):
                 w.writerow([t.target, name, num, den, "-" if not den else f"{100 * num / den:.2f}%", "", "", ""])
         return out.getvalue()
+
+
+def console_base(url: str) -> str:
+    """The console's address as audit links are built on it: an ``http://`` or ``https://`` URL with
+    a host and no query or fragment. A ``user:password@`` in it is dropped, since the links are printed
+    and go into reports (a console behind a login asks for it itself). Anything else is a ConfigError
+    whose message does not repeat the URL (it may hold a secret)."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+        port = parts.port  # raises ValueError for a port that is not a number
+    except ValueError:
+        raise ConfigError("--console-url is not a URL; expected http://HOST[:PORT][/PATH]") from None
+    if parts.scheme.lower() not in ("http", "https") or not host:
+        raise ConfigError("--console-url must be an http:// or https:// URL with a host, such as http://HOST:8080")
+    if parts.query or parts.fragment:
+        raise ConfigError("--console-url must not have a query or fragment: links add /effect/KEY to its path")
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{port}" if port is not None else ""
+    return urlunsplit((parts.scheme.lower(), netloc, parts.path, "", ""))
 
 
 def effect_link(console_url: str | None, key: str) -> str:

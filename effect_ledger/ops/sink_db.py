@@ -13,8 +13,8 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
+from effect_ledger.core.urls import safe_url
 from effect_ledger.ops.sources import SourceError
 from effect_ledger.sdk.store.tables import ROW_COLUMNS
 
@@ -125,12 +125,9 @@ CONNECT_TIMEOUT_S = 10  # an unreachable server is reported after this long, nev
 
 
 def _redacted(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its password or query values, for messages and evidence (one rule for every URL
+    the ledger shows: ``effect_ledger.core.urls.safe_url``)."""
+    return safe_url(url)
 
 
 def _one_line(e: BaseException) -> str:

@@ -35,6 +35,7 @@ from typing import Literal
 from yarl import URL
 
 from effect_ledger.core.reconcile import Absent, Answer, Found, Unknown
+from effect_ledger.core.urls import safe_url
 
 __all__ = [
     "MAX_REDIRECTS",
@@ -73,9 +74,12 @@ class Provenance:
 def admissible(provenance: Provenance) -> str | None:
     """Why no answer with this provenance may count, Absent or Found (None: it may)."""
     if provenance.redirected:
-        return f"the answer came after a redirect (to {provenance.answered}); only the page the lookup names answers"
+        answered = safe_url(provenance.answered)
+        return f"the answer came after a redirect (to {answered}); only the page the lookup names answers"
     if provenance.answered != provenance.asked:
-        return f"the answer came from {provenance.answered}, not from {provenance.asked}, which the lookup names"
+        # Compared as given, shown without secrets (the reason goes into the ledger's events).
+        answered, asked = safe_url(provenance.answered), safe_url(provenance.asked)
+        return f"the answer came from {answered}, not from {asked}, which the lookup names"
     if provenance.shape_error is not None:
         return f"the answer is not in the expected shape: {provenance.shape_error}"
     return None
@@ -91,7 +95,7 @@ def admit(answer: Answer, provenance: Provenance) -> Answer:
         return Unknown(f"not evidence: {why} (it said: {_said(answer)})")
     if isinstance(answer, Absent) and not provenance.sees_absence:
         return Unknown(
-            f"{provenance.asked} keeps no record that could show the effect is absent; nobody can tell "
+            f"{safe_url(provenance.asked)} keeps no record that could show the effect is absent; nobody can tell "
             f"(it said: {_said(answer)})"
         )
     return answer

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
+from effect_ledger.core.urls import safe_url, scrub
 from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S, CallableReconciler
 
 __all__ = ["HttpReconciler", "CallableReconciler", "DEFAULT_MAX_BODY", "MAX_BODY_LIMIT"]
@@ -67,13 +68,15 @@ class HttpReconciler:
         try:
             fields = {f for _, f, _, _ in string.Formatter().parse(url) if f is not None}
         except ValueError as e:
-            raise ValueError(f"reconciler url {url!r}: {e}") from None
+            raise ValueError(f"reconciler url {safe_url(url)!r}: {e}") from None
         if "key" not in fields or not fields <= {"key", "target", "operation"}:
-            raise ValueError(f"reconciler url {url!r} must contain {{key}} (and may use {{target}}, {{operation}})")
+            raise ValueError(
+                f"reconciler url {safe_url(url)!r} must contain {{key}} (and may use {{target}}, {{operation}})"
+            )
         # The origin must not depend on the key: it is where the headers go and whose answer counts.
         one, other = (key_url(url, k, target="t", operation="o") for k in ("a", "b"))
         if not one.is_absolute() or origin(one) != origin(other):
-            raise ValueError(f"reconciler url {url!r}: an absolute URL with {{key}} in its path or query")
+            raise ValueError(f"reconciler url {safe_url(url)!r}: an absolute URL with {{key}} in its path or query")
         if redirects not in ("none", "same-origin"):
             raise ValueError(f"redirects must be 'none' or 'same-origin', not {redirects!r}")
         if isinstance(max_body, bool) or not isinstance(max_body, int) or not 0 < max_body <= MAX_BODY_LIMIT:
@@ -118,7 +121,8 @@ class HttpReconciler:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self._timeout_s)) as s:
                 return await self._ask(s, url)
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            return Unknown(f"GET {url}: {type(e).__name__}: {e}")
+            # The reason is written into the ledger's events: the URL's password and query values stay out.
+            return Unknown(f"GET {safe_url(str(url))}: {type(e).__name__}: {scrub(str(e), url)}")
 
     async def _ask(self, s: aiohttp.ClientSession, url: URL) -> Answer:
         asked, home = url, origin(url)
@@ -130,13 +134,20 @@ class HttpReconciler:
                 if status not in _REDIRECT:
                     body = await _read_bounded(resp, self.max_body)
                     if body is None:
-                        return Unknown(f"GET {url}: HTTP {status}: answer over {self.max_body} bytes (max_body)")
+                        return Unknown(
+                            f"GET {safe_url(str(url))}: HTTP {status}: answer over {self.max_body} bytes (max_body)"
+                        )
                     charset = resp.charset or "utf-8"
                     try:
                         text = body.decode(charset)
                     except (LookupError, UnicodeDecodeError):
-                        return Unknown(f"GET {url}: HTTP {status} with a body that is not {charset} text")
-                    return admit(self.interpret(status, text), Provenance(str(asked), str(url), redirected=hop > 0))
+                        return Unknown(
+                            f"GET {safe_url(str(url))}: HTTP {status} with a body that is not {charset} text"
+                        )
+                    answer = self.interpret(status, text)
+                    if isinstance(answer, Unknown):  # an error page may quote the URL asked, token and all
+                        answer = Unknown(scrub(answer.reason, url, asked))
+                    return admit(answer, Provenance(str(asked), str(url), redirected=hop > 0))
                 location = resp.headers.get("Location", "")
             try:
                 # As sent: decoding it would turn an encoded "%2E%2E" into a step up.
@@ -145,7 +156,8 @@ class HttpReconciler:
                 nxt = None
             why = redirect_refusal(self.redirects, nxt, home, hop)
             if why is not None:
-                return Unknown(f"GET {url}: HTTP {status} redirect to {location or '(nowhere)'}: {why}")
+                where = safe_url(location) if location else "(nowhere)"
+                return Unknown(f"GET {safe_url(str(url))}: HTTP {status} redirect to {where}: {scrub(why, nxt or '')}")
             assert nxt is not None
             url = nxt
         raise AssertionError("unreachable: the last hop is never followed")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
+from effect_ledger.core.urls import credentials_in, safe_url
 from effect_ledger.errors import TargetsError
 from effect_ledger.targets import payment, ticket
 from effect_ledger.targets.search import KeySearch
@@ -68,12 +69,26 @@ def with_defaults(body: Mapping[str, Any], fail: Fail) -> dict[str, Any]:
     return {**_DEFAULTS[kind], **body}
 
 
+def refuse_credentials(body: Mapping[str, Any], field: str, fail: Fail) -> None:
+    """A URL setting with ``user:password@`` is refused, and the message does not repeat it: the
+    lookup's URLs go into the reasons written to the ledger, and a load error is printed. Credentials
+    belong in ``headers``, filled from the environment with ``${VAR}``."""
+    url = body.get(field)
+    if isinstance(url, str) and credentials_in(url):
+        raise fail(
+            f"{field} must not hold a user name or password (user:password@, in {safe_url(url)!r}); "
+            'send them as a header instead, from the environment: headers = { Authorization = "Bearer ${TOKEN}" }',
+            field,
+        )
+
+
 def reconciler(
     name: str, body: Mapping[str, Any], fail: Fail, *, headers: Mapping[str, str], lands_within_s: float
 ) -> KeySearch:
     """The kind's reconciler for a target declared with ``body`` (checked by ``with_defaults``)."""
     kind = body["kind"]
     api = body.get("api")
+    refuse_credentials(body, "api", fail)
     if not isinstance(api, str) or not api.startswith(("http://", "https://")):
         raise fail(f'kind = "{kind}" needs api = "https://..." (the API\'s base URL)', "api")
     kw: dict[str, Any] = {

@@ -63,6 +63,7 @@ from effect_ledger.core.deadlines import DECISION_GRACE_MS
 from effect_ledger.core.keys import check_name
 from effect_ledger.core.reconcile import MAX_LANDS_WITHIN_S, Backoff, Reconciler, Target
 from effect_ledger.core.timeparse import TimeSpecError, duration_ms
+from effect_ledger.core.urls import safe_url
 from effect_ledger.errors import MissingExtra, TargetsError
 from effect_ledger.targets import kinds
 from effect_ledger.targets.ask import CallableReconciler
@@ -331,8 +332,9 @@ def _headers(body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> dict
 
 def _http(name: str, body: Mapping[str, Any], fail: Callable[..., TargetsError]) -> HttpReconciler:
     url = _string(body, "lookup", fail)
+    kinds.refuse_credentials(body, "lookup", fail)
     if "{key}" not in url or not url.startswith(("http://", "https://")):
-        raise fail(f'lookup {url!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
+        raise fail(f'lookup {safe_url(url)!r} must be an http(s) URL with {{key}}, or "none"', "lookup")
     kwargs: dict[str, Any] = {"name": f"http:{name}", "headers": _headers(body, fail)}
     if "timeout" in body:
         kwargs["timeout"] = _duration(body["timeout"], "timeout", fail) / 1000

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
+from effect_ledger.core.urls import credentials_in, safe_url
 from effect_ledger.errors import DestinationError, MailRejected
 from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S
 from effect_ledger.targets.evidence import Provenance, admit
@@ -81,9 +82,15 @@ def message_id_for(key: str, id_domain: str) -> str:
 
 
 def _server(url: str, schemes: dict[str, int], what: str) -> tuple[str, str, int]:
+    if credentials_in(url):
+        # Never echoed: the URL's user name and password are not used, and this message may be printed.
+        raise ValueError(
+            f"{what} must not hold a user name or password (user:password@); "
+            f'set {what}_user and {what}_password = "${{VAR}}" (from the environment) instead'
+        )
     parts = urlsplit(url)
     if parts.scheme not in schemes or not parts.hostname or parts.path not in ("", "/"):
-        raise ValueError(f"{what} {url!r} must be {' or '.join(s + '://HOST[:PORT]' for s in schemes)}")
+        raise ValueError(f"{what} {safe_url(url)!r} must be {' or '.join(s + '://HOST[:PORT]' for s in schemes)}")
     return parts.scheme, parts.hostname, parts.port or schemes[parts.scheme]
 
 

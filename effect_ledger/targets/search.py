@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from yarl import URL
 
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
+from effect_ledger.core.urls import safe_url, scrub
 from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S
 from effect_ledger.targets.evidence import Provenance, admit, origin
 from effect_ledger.targets.http import DEFAULT_MAX_BODY, MAX_BODY_LIMIT, _read_bounded
@@ -86,9 +87,9 @@ class KeySearch(ABC):
     ) -> None:
         base = URL(api)
         if not base.is_absolute() or base.scheme not in ("http", "https") or not base.host:
-            raise ValueError(f"api {api!r} must be an absolute http(s) URL")
+            raise ValueError(f"api {safe_url(api)!r} must be an absolute http(s) URL")
         if base.query_string or base.fragment:
-            raise ValueError(f"api {api!r}: the base URL of the API, without a query or fragment")
+            raise ValueError(f"api {safe_url(api)!r}: the base URL of the API, without a query or fragment")
         if isinstance(max_body, bool) or not isinstance(max_body, int) or not 0 < max_body <= MAX_BODY_LIMIT:
             raise ValueError(f"max_body must be a number of bytes from 1 to {MAX_BODY_LIMIT}, not {max_body!r}")
         if isinstance(max_pages, bool) or not isinstance(max_pages, int) or not 0 < max_pages <= MAX_PAGES_LIMIT:
@@ -156,12 +157,15 @@ class KeySearch(ABC):
                     if page.next_url is None:
                         break
                     if origin(page.next_url) != origin(self.api):
-                        return Unknown(f"GET {url}: the next page is on another origin ({page.next_url}); not asked")
+                        return Unknown(
+                            f"GET {safe_url(str(url))}: the next page is on another origin "
+                            f"({safe_url(str(page.next_url))}); not asked"
+                        )
                     url = page.next_url
                 else:
                     return Unknown(f"search for {key!r}: more than {self.max_pages} pages (max_pages); not an answer")
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            return Unknown(f"GET {url}: {type(e).__name__}: {e}")
+            return Unknown(f"GET {safe_url(str(url))}: {type(e).__name__}: {scrub(str(e), url)}")
         now = self._clock()
         conclusive = self.conclusive_from_ms(effect)
         if self.hold_early and now < conclusive:
@@ -179,13 +183,16 @@ class KeySearch(ABC):
         async with s.get(url, headers=self._headers, allow_redirects=False) as resp:
             if 300 <= resp.status < 400:
                 # Never followed for a search (the API key would go with it), and never evidence.
-                where = resp.headers.get("Location", "(nowhere)")
+                where = safe_url(resp.headers.get("Location", "(nowhere)"))
                 return Provenance(str(url), f"HTTP {resp.status} redirect to {where}", redirected=True)
             body = await _read_bounded(resp, self.max_body)
             if body is None:
-                return Unknown(f"GET {url}: HTTP {resp.status}: answer over {self.max_body} bytes (max_body)")
+                return Unknown(
+                    f"GET {safe_url(str(url))}: HTTP {resp.status}: answer over {self.max_body} bytes (max_body)"
+                )
             if resp.status != 200:
-                return Unknown(f"GET {url}: HTTP {resp.status}: {body[:200].decode('utf-8', 'replace')}")
+                said = scrub(body[:200].decode("utf-8", "replace"), url)
+                return Unknown(f"GET {safe_url(str(url))}: HTTP {resp.status}: {said}")
             if resp.content_type != "application/json":
                 return Provenance(str(url), str(url), shape_error=f"HTTP 200 as {resp.content_type!r}, not JSON")
             try:

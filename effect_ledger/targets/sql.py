@@ -35,9 +35,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from effect_ledger.core.reconcile import Absent, Answer, EffectView, Found, Unknown
+from effect_ledger.core.urls import safe_url
 from effect_ledger.errors import DestinationError, OutOfStock
 from effect_ledger.targets.ask import DEFAULT_ASK_TIMEOUT_S
 from effect_ledger.targets.evidence import Provenance, admit
@@ -296,15 +296,9 @@ def _finish(db: Any, how: str, postgres: bool) -> None:
 
 
 def _redacted(url: str) -> str:
-    """The URL without its password, for messages and evidence."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "(an unparsable URL)"
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL without its password or query values, for messages and evidence (one rule for every URL
+    the ledger shows: ``effect_ledger.core.urls.safe_url``)."""
+    return safe_url(url)
 
 
 def _one_line(e: BaseException) -> str:

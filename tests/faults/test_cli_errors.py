@@ -106,6 +106,9 @@ BAD_VALUES: dict[str, list[tuple[str, str]]] = {
     "count": [("negative count", "-1")],
     "states": [("unknown state", "NOPE")],
     "web_host": [],
+    # effects audit: only an http(s) console address makes a link (never javascript:, file:, ...)
+    "console_url": [("console URL not http", "javascript:alert(1)"), ("console URL a file", "file:///etc/passwd"),
+                    ("console URL without a host", "http://")],
     # effects init: a file already there (whatever it is) is refused and left as it was
     "targets_file": [("starter over a file", "{notes}"), ("starter over a ledger", "{ledger}"),
                      ("starter in a missing folder", "{tmp}/no-such-folder/targets.toml"),
