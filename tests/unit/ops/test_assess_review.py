@@ -72,8 +72,8 @@ def test_one_path_for_html_and_redact_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_a_later_output_that_cannot_be_committed_takes_the_earlier_ones_back(tmp_path: Path) -> None:
-    # the two names are one file through a hard link made between the refusal check and the commit:
-    # here, a folder symlink the up-front check resolves is not enough, so use the commit path itself
+    # what the command does at its end: commit the outputs in turn; one whose place was taken
+    # meanwhile (by another process, after the up-front checks) fails, and the earlier ones go again
     from effect_ledger.ops.assess_report import NewFile
 
     first, second = NewFile(str(tmp_path / "a.html")), NewFile(str(tmp_path / "b.red"))
