@@ -76,6 +76,8 @@ def assess_command(
     except (TimeSpecError, AssessError) as e:
         fail(str(e))
     named = [t for spec in writes for t in spec.split(",") if t]
+    if html_out and redact_out and _same_path(html_out, redact_out):
+        fail(f"--html and --redact name the same file {html_out}: give two")
     outputs: list[NewFile] = []
     try:
         html_file = NewFile(html_out) if html_out else None
@@ -119,6 +121,9 @@ def assess_command(
                 two = (os.cpu_count() or 1) > 1
                 result = assess(lines, fmt=fmt, paths=paths, writes=named, window_s=window_s, redact_to=redact_to,
                                 parallel=two)  # fmt: skip
+        if result.format is None:  # an empty file, random bytes: no verdict on nothing
+            fail(f"no record of any known format in {log}")
+        _check_writes(named, result.assessor.tools)
         report = result.as_dict(costs, show_values=show_values)
         if html_file is not None:
             a = result.assessor
@@ -126,8 +131,15 @@ def assess_command(
             durations = [v for d in a.ok_durations.values() for v in d.values]
             page = html_report(report, list(a.windows.values), delays, durations, os.path.basename(log))
             html_file.fp.write(page.encode())
-        for o in outputs:
-            o.commit()
+        committed: list[NewFile] = []
+        try:
+            for o in outputs:
+                o.commit()
+                committed.append(o)
+        except BaseException:  # all outputs or none: those already in place go again
+            for o in committed:
+                o.uncommit()
+            raise
     except OSError as e:
         for o in outputs:
             o.abort()
@@ -144,6 +156,37 @@ def assess_command(
         click.echo(json.dumps(report, indent=2))
         return
     _print(report)
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two output paths name one file (``r.html``, ``./r.html``, through a symlinked folder)."""
+
+    def norm(p: str) -> str:
+        return os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(p))), os.path.basename(p))
+
+    return norm(a) == norm(b)
+
+
+#: The tools named at most in the ``--writes`` warning (a log may have thousands of HTTP routes).
+_TOOLS_SHOWN = 20
+
+
+def _check_writes(named: list[str], tools: Any) -> None:
+    """``--writes`` names the log never calls: a warning line on stderr naming the tools it does call;
+    when none of them is in the log, exit 1 (a verdict on zero writes would be confidently wrong)."""
+    if not named:
+        return
+    missing = [t for t in named if t not in tools]
+    if not missing:
+        return
+    seen = sorted(tools)
+    listed = ", ".join(seen[:_TOOLS_SHOWN]) + (
+        f" and {len(seen) - _TOOLS_SHOWN} more" if len(seen) > _TOOLS_SHOWN else ""
+    )
+    text = f"--writes {','.join(missing)}: no such tool in the log (tools seen: {listed or 'none'})"
+    if len(missing) == len(named):
+        fail(text)
+    click.echo(f"effects: warning: {text}", err=True)
 
 
 def _replayed(bootstrap: str | None, prefix: str | None) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from effect_ledger.cli._boundary import PORT, broker_wait
-from effect_ledger.cli._shared import source_options
+from effect_ledger.cli._shared import fail, source_options
 from effect_ledger.cli.ops import kafka_of
 from effect_ledger.errors import ConfigError
 
@@ -82,8 +82,12 @@ def console_command(
         source = Source(cfg=kafka_of(bootstrap, prefix), targets=targets)
     source.check(broker_wait(10))  # a bad file or a dead broker is one line now, not a page later
     app = make_app(source, creds, guard_reads=beyond)
-    click.echo(
+    line = (
         f"effects console on http://{host}:{port}/ ({source.name}; "
         f"{'decisions need credentials' if creds.configured else 'read-only'})"
     )
-    web.run_app(app, host=host, port=port, print=None)
+    try:
+        # run_app calls ``print`` once the socket is bound: the address is shown only when it serves
+        web.run_app(app, host=host, port=port, print=lambda _: click.echo(line))
+    except OSError as e:  # the port taken, an address not of this host: one line, exit 1
+        fail(f"cannot listen on {host}:{port}: {e.strerror or e}")

@@ -360,7 +360,13 @@ def run(
 )
 @click.option("--advertised-url", default=None, help="URL other workers use to reach this one [http://HOST:PORT]")
 @click.option("--app-id", default=WORKER_APP_ID, show_default=True, help="consumer group / app id (after the prefix)")
-@click.option("--loglevel", default="warning", show_default=True)
+@click.option(
+    "--loglevel",
+    # a Choice: a bad level is click's one line before connecting, not faust's traceback after
+    type=click.Choice(("critical", "error", "warning", "info", "debug"), case_sensitive=False),
+    default="warning",
+    show_default=True,
+)
 @click.option(
     "--targets",
     "targets_spec",

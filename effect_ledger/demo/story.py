@@ -175,15 +175,36 @@ def keep_ledger(source: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def next_steps(db: str, key: str, since_ms: int) -> list[str]:
-    """The three commands that open what the demo recorded, as a shell takes them."""
+def program(path_env: str | None = None, cwd: str | None = None) -> str:
+    """How a shell in ``cwd`` reaches the ``effects`` running now: ``effects`` when the PATH finds this
+    very script, else its path (``.venv/bin/effects`` after ``make demo``: a fresh shell has no
+    activated environment, and a bare ``effects`` would not be found, or be another install's)."""
+    import shutil
+
+    argv0 = sys.argv[0] if sys.argv and Path(sys.argv[0]).name == "effects" else ""
+    running = Path(argv0) if argv0 and Path(argv0).is_file() else Path(sys.executable).with_name("effects")
+    running = running.absolute()
+    found = shutil.which("effects", path=path_env if path_env is not None else os.environ.get("PATH"))
+    try:
+        if found is not None and os.path.samefile(found, running):
+            return "effects"
+    except OSError:  # a PATH entry that vanished: not the running script
+        pass
+    here = Path(cwd or os.getcwd()).absolute()
+    shown = running.relative_to(here) if running.is_relative_to(here) else running
+    return shlex.quote(str(shown) if shown.is_absolute() or "/" in str(shown) else f"./{shown}")
+
+
+def next_steps(db: str, key: str, since_ms: int, effects: str = "effects") -> list[str]:
+    """The three commands that open what the demo recorded, as a shell takes them (``effects``: how
+    the shell reaches the program, see :func:`program`)."""
     from effect_ledger.core.timeparse import iso
 
     q = shlex.quote
     return [
-        f"effects trace {q(key)} --db {q(db)}",
-        f"effects console --db {q(db)}",
-        f"effects audit --db {q(db)} --from {q(iso(since_ms))}",
+        f"{effects} trace {q(key)} --db {q(db)}",
+        f"{effects} console --db {q(db)}",
+        f"{effects} audit --db {q(db)} --from {q(iso(since_ms))}",
     ]
 
 
@@ -262,7 +283,7 @@ def run_demo(console: Console | None = None, timeout: float = 2.0, keep: str = D
         if ok:
             console.print(f"[green]One refund, recorded, reconciled, returned on restart.[/] ({elapsed:.1f} s)")
             keep_ledger(led / "effects.db", Path(keep))
-            trace, serve, audit = next_steps(keep, key, since_ms)
+            trace, serve, audit = next_steps(keep, key, since_ms, program())
             console.print(f"\nThe ledger is left in [bold]{keep}[/]. Three things to try on it:")
             console.print(f"  {trace}", soft_wrap=True)
             console.print("      the effect's timeline: intent, deadline, the gateway's answer", soft_wrap=True)

@@ -74,13 +74,14 @@ class StateWatcher(threading.Thread):
 def kafka_next_steps(cfg: KafkaConfig, key: str | None, since_ms: int) -> list[str]:
     """What to run on the topics a kept demo leaves, as a shell takes it."""
     from effect_ledger.core.timeparse import iso
+    from effect_ledger.demo.story import program
 
-    q = shlex.quote
+    q, effects = shlex.quote, program()  # as the shell reaches it: `.venv/bin/effects` when not on PATH
     where = f"--bootstrap {q(cfg.bootstrap)} --prefix {q(cfg.prefix)}"
-    steps = [f"effects tail {where} --from-beginning"]
+    steps = [f"{effects} tail {where} --from-beginning"]
     if key:
-        steps.append(f"effects trace {q(key)} {where}")
-    steps.append(f"effects audit {where} --from {q(iso(since_ms))}")
+        steps.append(f"{effects} trace {q(key)} {where}")
+    steps.append(f"{effects} audit {where} --from {q(iso(since_ms))}")
     return steps
 
 

@@ -220,7 +220,11 @@ def _calls(
                 redact_to(raw, None)
             continue
         if redact_to is not None:
-            redact_to(raw, obj)
+            try:
+                redact_to(raw, obj)
+            except (ValueError, RecursionError):  # deeper than assess_report.MAX_DEPTH: left out whole
+                _bad(result, n, "nested too deep")
+                continue
         # one record per line, the usual case, without a generator
         recs = (obj,) if isinstance(obj, dict) and not isinstance(obj.get("data"), list) else _records(obj)
         for rec in recs:

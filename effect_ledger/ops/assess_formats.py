@@ -339,7 +339,10 @@ def _first(v: Any) -> Any:
 
 
 def read_otlp(obj: dict[str, Any], ctx: Context) -> Iterator[Call]:
-    for rs in obj.get("resourceSpans") or []:
+    if not isinstance(obj.get("resourceSpans"), list):
+        # a record of another shape (``--format otlp`` on JSON lines): a bad line, never silently nothing
+        raise TypeError("no resourceSpans")
+    for rs in obj["resourceSpans"]:
         for ss in (rs or {}).get("scopeSpans") or (rs or {}).get("instrumentationLibrarySpans") or []:
             for span in (ss or {}).get("spans") or []:
                 if isinstance(span, dict):

@@ -44,6 +44,12 @@ ERROR_FIELDS = frozenset({"error", "statusMessage", "status_message", "message",
 URL_FIELDS = frozenset({"url", "uri", "http.url", "url.full", "path", "request.path", "url.path"})
 
 
+#: How deep the redactor follows nested objects, arrays and JSON inside strings: a record nested deeper
+#: is refused whole (``ValueError``; ``effects assess`` counts its line bad, "nested too deep", and leaves
+#: it out of the redacted log) instead of recursing until Python gives up on the whole run.
+MAX_DEPTH = 100
+
+
 class Redactor:
     """Redacts parsed records with a secret made for this run (equal values, equal digests)."""
 
@@ -59,17 +65,19 @@ class Redactor:
         host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
         return f"{parts.scheme}://{host}{path}" if parts.scheme else path
 
-    def redact(self, value: Any, name: str = "") -> Any:
+    def redact(self, value: Any, name: str = "", depth: int = 0) -> Any:
+        if depth > MAX_DEPTH:
+            raise ValueError("nested too deep")
         low = name.lower()
         if low in SECRET or low.startswith("http.request.header.authorization"):
             return "[redacted]"
         if isinstance(value, dict):
             if isinstance(value.get("key"), str) and "value" in value and len(value) == 2:  # an OTLP attribute
                 k = value["key"]
-                return {"key": k, "value": value["value"] if k in KEEP_ATTRS else self._attr(k, value["value"])}
-            return {k: self.redact(v, str(k)) for k, v in value.items()}
+                return {"key": k, "value": value["value"] if k in KEEP_ATTRS else self._attr(k, value["value"], depth)}
+            return {k: self.redact(v, str(k), depth + 1) for k, v in value.items()}
         if isinstance(value, list):
-            return [self.redact(v, name) for v in value]
+            return [self.redact(v, name, depth + 1) for v in value]
         if name in KEEP or value is None or isinstance(value, bool):
             return value
         if name in ERROR_FIELDS and isinstance(value, str) and value:
@@ -82,15 +90,17 @@ class Redactor:
                     inner = json.loads(value)
                 except ValueError:
                     return self.digest(value)
-                return json.dumps(self.redact(inner), separators=(",", ":"))  # arguments stay JSON
+                except RecursionError:  # deeper than the parser goes: deeper than MAX_DEPTH too
+                    raise ValueError("nested too deep") from None
+                return json.dumps(self.redact(inner, "", depth + 1), separators=(",", ":"))  # arguments stay JSON
         return self.digest(value)
 
-    def _attr(self, key: str, value: Any) -> Any:
+    def _attr(self, key: str, value: Any, depth: int) -> Any:
         if key in URL_FIELDS and isinstance(value, dict) and isinstance(value.get("stringValue"), str):
             return {"stringValue": self.url(value["stringValue"])}
         if "authorization" in key.lower() or "cookie" in key.lower():
             return {"stringValue": "[redacted]"}
-        return self.redact(value, "")
+        return self.redact(value, "", depth + 1)
 
 
 # -- the HTML report ---------------------------------------------------------------------------------
@@ -234,6 +244,7 @@ class NewFile:
             raise AssessError(f"{path} exists: not overwritten")
         folder = os.path.dirname(os.path.abspath(path))
         self.path = path
+        self._ino = -1  # the inode linked into place by commit (none yet)
         self._tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
         try:
             self.fp = open(self._tmp, "xb")  # noqa: SIM115 - closed by commit/abort
@@ -245,6 +256,7 @@ class NewFile:
 
         self.fp.close()
         try:
+            self._ino = os.stat(self._tmp).st_ino
             os.link(self._tmp, self.path)  # fails if the path appeared meanwhile: never overwrites
         except OSError as e:
             raise AssessError(f"cannot write {self.path}: {e.strerror or e}") from None
@@ -257,3 +269,14 @@ class NewFile:
         self.fp.close()
         if os.path.exists(self._tmp):
             os.unlink(self._tmp)
+
+    def uncommit(self) -> None:
+        """Remove the file :meth:`commit` linked into place (a later output of the same run failed:
+        a run writes all its outputs or none). Only the link this run made: its inode is checked."""
+        import os
+
+        try:
+            if os.lstat(self.path).st_ino == self._ino:
+                os.unlink(self.path)
+        except OSError:  # gone already
+            pass

@@ -104,6 +104,7 @@ BAD_VALUES: dict[str, list[tuple[str, str]]] = {
                       ("give-up 1e309", "1e309")],
     "webhook_timeout": [("webhook timeout nan", "nan")],
     "count": [("negative count", "-1")],
+    "loglevel": [("unknown log level", "banana")],
     "states": [("unknown state", "NOPE")],
     "web_host": [],
     # effects audit: only an http(s) console address makes a link (never javascript:, file:, ...)

@@ -91,15 +91,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _bare_env() -> dict[str, str]:
+    """A fresh shell's environment: the PATH without the environment under test (never activated)."""
+    env = dict(os.environ, COLUMNS="200")
+    env.pop("EFFECTS_CONSOLE_URL", None)
+    env.pop("VIRTUAL_ENV", None)
+    folders = [p for p in env.get("PATH", "").split(os.pathsep) if p and Path(p).absolute() != EFFECTS.parent]
+    env["PATH"] = os.pathsep.join(folders) or os.defpath
+    return env
+
+
+def shell(command: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``command`` as a user pastes it into a fresh shell (no activated environment)."""
+    return subprocess.run(
+        ["/bin/sh", "-c", command], cwd=cwd, env=_bare_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
-    """``effects demo`` run once in an empty folder: that folder and the three commands it printed."""
+    """``effects demo`` run once in an empty folder from a shell whose PATH does not reach ``effects``
+    (as after ``make demo``): that folder and the three commands it printed."""
     cwd = tmp_path_factory.mktemp("demo")
-    r = effects("demo", cwd=cwd, timeout=300)
+    r = subprocess.run([str(EFFECTS), "demo"], cwd=cwd, env=_bare_env(), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.splitlines()
     start = next(i for i, ln in enumerate(lines) if "The ledger is left in effects-demo.db" in ln)
-    commands = [ln.strip() for ln in lines[start + 1 :] if ln.startswith("  effects ")]
+    commands = [ln.strip() for ln in lines[start + 1 :] if ln.startswith("  ") and " --db " in ln]
     return cwd, commands
 
 
@@ -107,32 +125,45 @@ def test_demo_leaves_its_ledger_and_names_three_commands(demo: tuple[Path, list[
     cwd, commands = demo
     assert (cwd / "effects-demo.db").is_file()
     assert not (cwd / "effects-demo.db.tmp").exists()
+    # not on the PATH: the commands name the very program that ran, by its path
     assert [shlex.split(c)[:2] for c in commands] == [
-        ["effects", "trace"],
-        ["effects", "console"],
-        ["effects", "audit"],
+        [str(EFFECTS), "trace"],
+        [str(EFFECTS), "console"],
+        [str(EFFECTS), "audit"],
     ]
 
 
 def test_the_printed_trace_and_audit_work_as_printed(demo: tuple[Path, list[str]]) -> None:
     cwd, commands = demo
-    trace, _, audit = (shlex.split(c)[1:] for c in commands)
-    r = effects(*trace, cwd=cwd)
+    trace, _, audit = commands
+    assert shutil.which("effects", path=_bare_env()["PATH"]) != str(EFFECTS)  # a bare `effects` would miss
+    r = shell(trace, cwd)  # pasted as printed, into a shell that never activated the environment
     assert r.returncode == 0, r.stderr
     assert "state: CONFIRMED" in r.stdout and "FOUND re_0001" in r.stdout
-    r = effects(*audit, "--json", cwd=cwd)
+    r = shell(audit + " --json", cwd)
     assert r.returncode == 0, r.stderr  # piped, so a failed check would exit 1
     assert '"passed": true' in r.stdout and '"events": 3' in r.stdout
 
 
+def test_the_commands_say_effects_when_the_path_finds_this_program(tmp_path: Path) -> None:
+    from effect_ledger.demo.story import program
+
+    assert program(str(EFFECTS.parent), str(tmp_path)) == "effects"
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "effects").write_text("#!/bin/sh\nexit 3\n")  # another install's `effects` first on the PATH
+    (other / "effects").chmod(0o755)
+    assert program(str(other), str(tmp_path)) == str(EFFECTS)
+    assert program("", str(EFFECTS.parent.parent)) == f"{EFFECTS.parent.name}/effects"  # `.venv/bin/effects`
+
+
 def test_the_printed_console_serves_the_effect(demo: tuple[Path, list[str]]) -> None:
     cwd, commands = demo
-    serve = shlex.split(commands[1])[1:]
+    serve = commands[1]
     key = shlex.split(commands[0])[2]
     port = _free_port()  # the printed command listens on 8080; a test must not take a shared port
-    env = dict(os.environ)
     proc = subprocess.Popen(
-        [str(EFFECTS), *serve, "--port", str(port)], cwd=cwd, env=env,
+        ["/bin/sh", "-c", f"exec {serve} --port {port}"], cwd=cwd, env=_bare_env(),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -158,8 +189,8 @@ def test_a_second_demo_replaces_the_first_ones_ledger(demo: tuple[Path, list[str
     r = effects("demo", cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert not (tmp_path / "effects-demo.db-wal").exists()
-    trace = next(ln.strip() for ln in r.stdout.splitlines() if ln.startswith("  effects trace"))
-    t = effects(*shlex.split(trace)[1:], cwd=tmp_path)
+    trace = next(ln.strip() for ln in r.stdout.splitlines() if ln.startswith("  ") and " trace " in ln)
+    t = shell(trace, tmp_path)
     assert t.returncode == 0 and "state: CONFIRMED" in t.stdout, t.stderr
 
 
