@@ -3,9 +3,10 @@ services), so that effects appear in the traces teams already read.
 
 The ``[otel]`` extra (opentelemetry-api and -sdk). Without it, or while the application has set no
 tracer provider, every function here returns at once and records nothing: the check is one import
-attempt per process and, per span, a read of OpenTelemetry's global provider and one ``isinstance``. The application configures the provider and
-its exporters itself (``opentelemetry.trace.set_tracer_provider``); effect-ledger only asks for a
-tracer named ``effect_ledger``.
+attempt per process and, per span, a read of OpenTelemetry's global provider and one
+``isinstance``. The application configures the provider and its exporters itself
+(``opentelemetry.trace.set_tracer_provider``, or ``OTEL_PYTHON_TRACER_PROVIDER`` set before the
+first effect); effect-ledger only asks for a tracer named ``effect_ledger``.
 
 A span carries ``effect_ledger.effect_id`` (the idempotency key), ``.target``, ``.operation``,
 ``.attempt``, ``.run_id``, ``.step`` and, at its end, ``.state`` (the effect's state after the
