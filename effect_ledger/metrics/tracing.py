@@ -66,7 +66,8 @@ def tracer() -> Any:
     # provider is set (a KeyError raised and caught inside os.environ): 3 % of the event loop's
     # work per effect with 64 concurrent tasks. Its global is read first; the environment is
     # asked once per process, as OTel itself reads OTEL_PYTHON_TRACER_PROVIDER only to create the
-    # provider.
+    # provider. The global is a private name: should an upgrade rename it, spans stop and
+    # tests/unit/metrics/test_tracing.py fails.
     provider = getattr(trace, "_TRACER_PROVIDER", None)
     if provider is None:
         if not _provider_named_in_environment():
