@@ -3,9 +3,10 @@ services), so that effects appear in the traces teams already read.
 
 The ``[otel]`` extra (opentelemetry-api and -sdk). Without it, or while the application has set no
 tracer provider, every function here returns at once and records nothing: the check is one import
-attempt per process and one ``isinstance`` per span. The application configures the provider and
-its exporters itself (``opentelemetry.trace.set_tracer_provider``); effect-ledger only asks for a
-tracer named ``effect_ledger``.
+attempt per process and, per span, a read of OpenTelemetry's global provider and one
+``isinstance``. The application configures the provider and its exporters itself
+(``opentelemetry.trace.set_tracer_provider``, or ``OTEL_PYTHON_TRACER_PROVIDER`` set before the
+first effect); effect-ledger only asks for a tracer named ``effect_ledger``.
 
 A span carries ``effect_ledger.effect_id`` (the idempotency key), ``.target``, ``.operation``,
 ``.attempt``, ``.run_id``, ``.step`` and, at its end, ``.state`` (the effect's state after the
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -48,13 +51,28 @@ def _trace() -> Any:
     return _api
 
 
+@functools.cache
+def _provider_named_in_environment() -> bool:
+    return "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
 def tracer() -> Any:
     """effect-ledger's tracer, or None when nothing would record its spans (no extra, or no
     tracer provider set by the application)."""
     trace = _trace()
     if not trace:
         return None
-    provider = trace.get_tracer_provider()
+    # OpenTelemetry's get_tracer_provider() looks the environment up on every call until a
+    # provider is set (a KeyError raised and caught inside os.environ): 3 % of the event loop's
+    # work per effect with 64 concurrent tasks. Its global is read first; the environment is
+    # asked once per process, as OTel itself reads OTEL_PYTHON_TRACER_PROVIDER only to create the
+    # provider. The global is a private name: should an upgrade rename it, spans stop and
+    # tests/unit/metrics/test_tracing.py fails.
+    provider = getattr(trace, "_TRACER_PROVIDER", None)
+    if provider is None:
+        if not _provider_named_in_environment():
+            return None
+        provider = trace.get_tracer_provider()
     if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
         return None
     return provider.get_tracer(TRACER_NAME)

@@ -5,6 +5,7 @@ all (no tracer asked for) without a tracer provider or without the [otel] extra.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -234,3 +235,35 @@ def test_an_agent_frameworks_tool_is_a_genai_tool_call(tmp_path: Path, spans: In
     assert span.attributes["gen_ai.tool.call.id"] == "call_9"
     assert span.attributes["gen_ai.tool.name"] == "refund_order"
     assert span.attributes["effect_ledger.operation"] == "refund.create"
+
+
+@pytest.mark.parametrize("how", ["named in the environment", "set after the first effect"])
+def test_a_provider_set_by_the_environment_or_later_is_used(tmp_path: Path, how: str) -> None:
+    """A fresh interpreter: ``tracer()`` reads OTel's global rather than asking
+    ``get_tracer_provider()`` per span, so both ways OTel knows of a provider must still reach it."""
+    env = {**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"}
+    if how != "named in the environment":
+        env.pop("OTEL_PYTHON_TRACER_PROVIDER")
+    code = textwrap.dedent(f"""
+        import asyncio
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from effect_ledger.core.reconcile import Target
+        from effect_ledger.metrics import tracing
+        from effect_ledger.sdk.ledger import Ledger
+
+        async def main():
+            async with await Ledger.open({str(tmp_path / "e.db")!r}, targets=[Target("p")]) as ledger:
+                async def call(key):
+                    return {{"id": "re_1"}}
+                await ledger.execute(target="p", operation="o", run_id="r", step="s1", request={{}}, call=call)
+                print("first", tracing.tracer() is not None)
+                if {how!r} == "set after the first effect":
+                    trace.set_tracer_provider(TracerProvider())
+                print("then", tracing.tracer() is not None)
+        asyncio.run(main())
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    first = "True" if how == "named in the environment" else "False"
+    assert out.stdout.split() == ["first", first, "then", "True"]
