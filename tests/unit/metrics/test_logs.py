@@ -139,7 +139,9 @@ def test_effects_run_says_what_it_serves_and_sums_up_when_stopped(tmp_path: Path
     try:
 
         def said() -> list[dict[str, Any]]:
-            return [json.loads(x) for x in err.read_text().splitlines() if x.strip()]
+            # Whole lines only: the service may be half-way through writing the last one.
+            whole = err.read_text().rpartition("\n")[0]
+            return [json.loads(x) for x in whole.splitlines() if x.strip()]
 
         start = wait_for(lambda: next((x for x in said() if x["event"] == "start"), None), 60, "the start line")
         assert start["service"] == "run" and start["db"] == str(db) and start["targets"] == ["payments"]
