@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -322,8 +323,14 @@ def run(
                 targets=sorted(t.name for t in targets),
                 metrics=f"{metrics_host}:{metrics_port}" if metrics_port else None,
             )
+            # SIGTERM (a supervisor) and SIGINT (Ctrl-C) let the tick in progress finish, then stop:
+            # never a tick cut in the middle, and the summary is said either way.
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
             try:
-                await runner.run()
+                await runner.run(stop)
             finally:
                 runner.summary.emit()
 
@@ -488,7 +495,6 @@ def reconcile(
     """Reconciliation consumers: ask destinations about uncertain effects, write resolutions.
     Start several: they share effects.uncertain's partitions. Runs until SIGTERM/SIGINT."""
     targets = _targets(targets_spec)  # before anything is imported, opened or connected
-    import signal
 
     from effect_ledger.processors.reconcile_service import ReconcileService
 

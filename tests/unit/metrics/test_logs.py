@@ -128,7 +128,8 @@ def test_the_summary_counts_since_the_last_one(stream: io.StringIO) -> None:
     assert not logs.Summary(logging.getLogger("x"), every=0, clock=lambda: 1e9).tick()  # 0: never
 
 
-def test_effects_run_says_what_it_serves_and_sums_up_when_stopped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_effects_run_says_what_it_serves_and_sums_up_when_stopped(tmp_path: Path, sig: signal.Signals) -> None:
     targets = tmp_path / "t.toml"
     targets.write_text('[targets.payments]\nlookup = "none"\n')
     db = tmp_path / "l.db"
@@ -147,7 +148,7 @@ def test_effects_run_says_what_it_serves_and_sums_up_when_stopped(tmp_path: Path
         assert start["service"] == "run" and start["db"] == str(db) and start["targets"] == ["payments"]
         assert str(db) in start["msg"] and start["interval_s"] == 0.1
     finally:
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends: the runner stops and sums up
+        proc.send_signal(sig)  # Ctrl-C or a supervisor: the tick in progress ends, then it stops and sums up
         assert proc.wait(60) == 0
     (summary,) = [x for x in said() if x["event"] == "summary"]
     assert summary["service"] == "run" and summary["counts"] == {}
