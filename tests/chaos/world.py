@@ -152,7 +152,9 @@ class World:
                 return
             for w in self.workers.values():
                 if not w.alive:
-                    raise RuntimeError(f"worker {w.name} exited: see {w.log}")
+                    # The run's folder is removed afterwards: its last lines go with the error.
+                    tail = "\n".join(w.log.read_text(errors="replace").splitlines()[-25:])
+                    raise RuntimeError(f"worker {w.name} exited: see {w.log}; its last lines:\n{tail}")
             time.sleep(0.5)
         raise TimeoutError(f"the workers did not own the {self.cfg.partitions} partitions within {timeout} s")
 
