@@ -41,7 +41,9 @@ def test_kept_topics_answer_the_printed_commands(kafka_bootstrap: str, tmp_path:
         assert m, r.stdout[-2000:]
         prefix = m[1]
         assert prefix in _prefixes(cfg) - before  # the topics are still there
-        steps = [ln.strip() for ln in r.stdout.splitlines() if ln.startswith("  effects ")]
+        # Each step names the program as a shell reaches it: `effects`, or its path when not on PATH.
+        steps = [ln.strip() for ln in r.stdout.splitlines() if re.match(r"  \S*effects ", ln)]
+        assert all(shlex.split(s)[0] in ("effects", str(EFFECTS)) for s in steps), steps
         assert [shlex.split(s)[1] for s in steps] == ["tail", "trace", "audit"]
         assert "make kafka-down" in r.stdout
         tail, trace, audit = (shlex.split(s)[1:] for s in steps)
