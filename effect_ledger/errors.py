@@ -182,7 +182,27 @@ class OutOfStock(DefiniteFailure):
 
 class LedgerUnavailable(LedgerError):
     """Kafka mode: the broker did not acknowledge the intent in time (``sync``), or the processor
-    could not be asked about a key; nothing was sent to the destination."""
+    could not be asked about a key; nothing was sent to the destination.
+
+    ``passing`` is True when the cause passes by itself (the broker electing a new leader, the
+    processor catching up or rebalancing): ``execute`` has already tried again within its
+    ``sync_timeout`` before raising it, and a caller may try again later."""
+
+    passing: bool = False
+
+    def __init__(self, message: str = "", *, passing: bool | None = None) -> None:
+        super().__init__(message)
+        if passing is not None:
+            self.passing = passing
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_unavailable, (type(self), str(self), self.passing))
+
+
+def _rebuild_unavailable(cls: type[LedgerUnavailable], message: str, passing: bool) -> LedgerUnavailable:
+    e = cls.__new__(cls)
+    LedgerUnavailable.__init__(e, message, passing=passing)
+    return e
 
 
 class BrokerUnavailable(LedgerUnavailable, RuntimeError):
@@ -213,6 +233,8 @@ class NotAuthorized(LedgerError):
 class LedgerLagging(LedgerUnavailable):
     """The processor has not yet consumed every event Kafka acknowledged before the lookup began:
     answering now could miss one, so the SDK refuses to guess."""
+
+    passing = True
 
 
 class UnknownTarget(InvalidEffect):

@@ -315,15 +315,29 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0) -> list[TopicStatus]:
 def require_topics(cfg: KafkaConfig, timeout: float = 30.0) -> None:
     """What the processor refuses to start on (``TopicDrift``): a drifted ``effects.state`` (not
     compacted, a retention that deletes latest states, too few in-sync replicas) or a topic whose
-    partition count differs (co-partitioning)."""
-    drifts = [
-        d
-        for st in check_topics(cfg, timeout)
-        for d in st.drifts
-        if st.spec.name == cfg.topics.state or d.setting in ("missing", "partitions")
-    ]
+    partition count differs (co-partitioning).
+
+    A topic reported missing is asked about again for a few seconds: on a cluster, the broker this
+    client asks may not have learnt yet of a topic another broker just created (``ensure_topics``
+    saw its leaders through another connection)."""
+    settle = time.monotonic() + min(timeout, _METADATA_SETTLE_S)
+    while True:
+        drifts = [
+            d
+            for st in check_topics(cfg, timeout)
+            for d in st.drifts
+            if st.spec.name == cfg.topics.state or d.setting in ("missing", "partitions")
+        ]
+        if not any(d.setting == "missing" for d in drifts) or time.monotonic() >= settle:
+            break
+        time.sleep(0.2)
     if drifts:
         raise TopicDrift(drifts)
+
+
+#: How long ``require_topics`` waits for topics it was told are missing to appear (a broker's
+#: metadata can trail another's by a moment after a creation).
+_METADATA_SETTLE_S = 10.0
 
 
 def list_topics(cfg: KafkaConfig, timeout: float = 10.0) -> dict[str, int]:

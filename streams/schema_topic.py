@@ -60,6 +60,10 @@ def schema_value(raw: dict[str, Any]) -> bytes:
 _CANCEL_SLICE_S = 0.25
 
 
+#: How long a schemas topic reported missing is asked about again (another process may be creating it).
+_MISSING_WAIT_S = 10.0
+
+
 def broker_now(cfg: KafkaConfig, schema: dict[str, Any], timeout: float = 30.0) -> int | None:
     """The log's time now, asked of the broker: ``schema`` (one this writer publishes anyway) is
     published again (the same key and value on a compacted topic: nothing changes) and its append
@@ -104,15 +108,23 @@ def publish_schemas(
     try:
         # No auto-creation: a topic the broker made on the fly would not be compacted.
         p = Producer(cfg.confluent(**{"acks": "all", "enable.idempotence": True, "allow.auto.create.topics": False}))
+        missing_until: float | None = None
         while True:  # in slices, so that ``cancel`` is seen
             try:
                 md = p.list_topics(topic, timeout=max(0.01, min(_CANCEL_SLICE_S, remaining())))
-                break
             except KafkaException as e:
                 waiting = e.args[0].code() in (KafkaError._TIMED_OUT, KafkaError._TRANSPORT)
                 if not waiting or remaining() <= 0:
                     raise
-        t = md.topics.get(topic)
+                continue
+            t = md.topics.get(topic)
+            # A topic another process is creating (the workers, started beside this one) may not be
+            # known yet to the broker asked: asked again for a few seconds.
+            if missing_until is None:
+                missing_until = time.monotonic() + _MISSING_WAIT_S
+            if (t is not None and t.error is None) or remaining() <= 0 or time.monotonic() >= missing_until:
+                break
+            time.sleep(min(0.2, max(0.0, remaining())))
         if t is None or t.error is not None:
             raise SchemaTopicError(
                 f"topic {topic} does not exist: create it with `effects topics create` before writing records"

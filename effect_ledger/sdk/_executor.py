@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import random
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,19 @@ if TYPE_CHECKING:
 
 Call = Callable[[str], Any]
 
+#: ``execute``'s pauses between tries of a refusal that passes (``_Passing``), doubling (seconds).
+_AGAIN_FIRST_S = 0.1
+_AGAIN_MOST_S = 2.0
+
+
+class _Passing(Exception):
+    """Refused before any call of this caller, nothing left open, for a cause that passes by itself:
+    ``execute`` plans and tries again while its ``sync_timeout`` lasts, else raises ``error``."""
+
+    def __init__(self, error: LedgerUnavailable) -> None:
+        super().__init__(str(error))
+        self.error = error
+
 
 class Executor:
     """Carries out plans for one ledger: it owns the writes of an execution and of a reconciler's
@@ -116,6 +130,9 @@ class Executor:
         # may race for a key only in Kafka mode, and only a processor's lookup can arbitrate; the
         # verdict is asked for once the broker has acknowledged the intent (``sync``).
         self.confirm_claims = relay is not None and lookup is not None and sync_timeout is not None
+        # key -> when its execute stops waiting for the broker and the processor (time.monotonic()):
+        # ``sync_timeout`` after it began, whatever attempts it took (one execute per key at a time).
+        self._give_up: dict[str, float] = {}
 
     @property
     def worker(self) -> str:
@@ -156,22 +173,41 @@ class Executor:
             raise EffectInProgress(key, "another task of this worker is executing it")
         self.local.in_flight.add(key)
         try:
-            if self.lookup is None:
-                # The common case is a key nobody has used: plan on "nothing known" and claim it with
-                # the intent straight away (the write's version check fails if the key exists),
-                # which saves a read.
+            # Kafka mode with ``sync``: a refusal before any call of this caller whose cause passes by
+            # itself (a leader election, the processor catching up) is tried again, as the caller
+            # would, until ``sync_timeout`` s after the start; then it is raised.
+            give_up = time.monotonic() + self.sync_timeout if self.sync_timeout is not None else None
+            if give_up is not None:
+                self._give_up[key] = give_up  # what the waits for the broker and the processor may take
+            pause = _AGAIN_FIRST_S
+            while True:
                 try:
-                    return await self._attempt(key, None, spec, call, Execute(1, None, self.confirm_claims))
-                except VersionConflict:
-                    pass  # it exists: look at what is known and decide
-            for _ in range(CONFLICT_RETRIES):
-                try:
-                    return await self._execute_once(key, spec, call)
-                except VersionConflict:
-                    continue
-            raise EffectInProgress(key, "the effect kept changing under this worker; try again")
+                    return await self._execute_planned(key, spec, call)
+                except _Passing as p:
+                    if give_up is None or time.monotonic() + pause >= give_up:
+                        raise p.error from p.error.__cause__
+                    # Jittered: the callers a failover held back do not all ask again at once.
+                    await asyncio.sleep(pause * random.uniform(0.5, 1.5))
+                    pause = min(pause * 2, _AGAIN_MOST_S)
         finally:
             self.local.in_flight.discard(key)
+            self._give_up.pop(key, None)
+
+    async def _execute_planned(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
+        if self.lookup is None:
+            # The common case is a key nobody has used: plan on "nothing known" and claim it with
+            # the intent straight away (the write's version check fails if the key exists),
+            # which saves a read.
+            try:
+                return await self._attempt(key, None, spec, call, Execute(1, None, self.confirm_claims))
+            except VersionConflict:
+                pass  # it exists: look at what is known and decide
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                return await self._execute_once(key, spec, call)
+            except VersionConflict:
+                continue
+        raise EffectInProgress(key, "the effect kept changing under this worker; try again")
 
     async def settle(self, key: str, spec: CallSpec, call: Call) -> Effect | None:
         """``execute``'s first step alone: an open earlier attempt whose worker is gone is asked
@@ -185,7 +221,12 @@ class Executor:
         return loaded.effect
 
     async def _execute_once(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
-        loaded = await self.load(key)
+        try:
+            loaded = await self.load(key)
+        except LedgerUnavailable as e:
+            if e.passing:  # nothing was written: asking again is what the caller would do
+                raise _Passing(e) from e
+            raise
         effect = loaded.effect
         if effect is None:
             await self.refuse_retired(key)
@@ -330,13 +371,16 @@ class Executor:
         call: Call, written: float,
     ) -> Confirmation:  # fmt: skip
         attempt = intent.attempt
-        await self._wait_acked(effect, attempt, intent_seq)
+        await self._wait_acked(effect, attempt, intent_seq, self._give_up.get(key))
+        took = {"the broker": time.monotonic() - written} if self.sync_timeout is not None and intent_seq else {}
         if step.confirm_claim:
-            effect = await self._confirm_claim(intent, effect, intent_seq)
+            effect = await self._confirm_claim(intent, effect, intent_seq, written)
+            took["the processor"] = time.monotonic() - written
             if effect.state is State.CONFIRMED:  # another host's attempt won, and has its receipt
                 return confirmation_of(effect, called=False)
         crashpoints.reached(crashpoints.AFTER_INTENT)
-        return await self._call(key, effect, attempt, spec, call, spec.timeout - (time.monotonic() - written))
+        left = spec.timeout - (time.monotonic() - written)
+        return await self._call(key, effect, attempt, spec, call, left, took)
 
     async def _refuse_if_forbidden(self) -> None:
         """Kafka's ACLs refused this principal a write to the events topic (the relay met it): an
@@ -356,12 +400,13 @@ class Executor:
             raise NotAuthorized("execute", operator_identity(cfg), missing)
         self.relay.forbidden.pop(self.relay.topic, None)
 
-    async def _wait_acked(self, effect: Effect, attempt: int, intent_seq: int | None) -> None:
+    async def _wait_acked(self, effect: Effect, attempt: int, intent_seq: int | None, give_up: float | None) -> None:
         """Kafka mode with ``sync``: the destination is called only once the broker holds the intent;
         otherwise the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised."""
         if self.sync_timeout is None or self.relay is None or not intent_seq:
             return
-        acked = await self.relay.wait_acked(intent_seq, self.sync_timeout)
+        wait = self.sync_timeout if give_up is None else max(0.0, give_up - time.monotonic())
+        acked = await self.relay.wait_acked(intent_seq, wait)
         refused = self.relay.refusal(intent_seq)
         if refused is None and acked:
             return
@@ -376,35 +421,43 @@ class Executor:
             raise NotAuthorized("execute", operator_identity(self.relay.cfg), [right])
         raise LedgerUnavailable(reason)
 
-    async def _confirm_claim(self, intent: Intent, effect: Effect, intent_seq: int | None) -> Effect:
+    async def _confirm_claim(self, intent: Intent, effect: Effect, intent_seq: int | None, written: float) -> Effect:
         """Kafka mode with ``sync`` and a lookup, where agents on several hosts may race for a key:
         wait for the processor's verdict on this intent (``claims.settle``: it has folded the key's
         partition through the intent's offset and says which intent owns the attempt), before the
         destination is called. Returns the effect when the claim is this intent's, or CONFIRMED
         with the winner's receipt; raises ``EffectInProgress`` for a lost claim (released, no call)
-        and ``LedgerUnavailable`` when nobody answered (no call; the attempt is left to its deadline)."""
+        and ``LedgerUnavailable`` when nobody answered (no call; the attempt is left to its deadline).
+        The processor is asked again while it cannot answer yet, for ``sync_timeout`` s from the
+        intent: a verdict that comes after the call's time has gone still settles the attempt (it
+        is then FAILED, nothing sent, and the next attempt may claim the key)."""
         if self.lookup is None or self.relay is None or not intent_seq:
             return effect
+        until = self._give_up.get(intent.effect_id, written + (self.sync_timeout or 0.0))
         return await claims.settle(
             self.store, self.lookup, self.relay.offset_of(intent_seq), intent, effect,
-            lambda key, answer: remote_events(self.store, key, answer), self.clock,
+            lambda key, answer: remote_events(self.store, key, answer), self.clock, until,
         )  # fmt: skip
 
     async def _call(
-        self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call, left_s: float
-    ) -> Confirmation:
+        self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call, left_s: float,
+        took: dict[str, float] | None = None,
+    ) -> Confirmation:  # fmt: skip
         """Call the destination for at most ``left_s``: what is left of the intent's timeout. Every
         other writer counts the attempt's deadline from the intent, so a call that started later
         with the whole timeout could land after they were told it no longer can. Nothing left: no
         call; the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised."""
         target = self.target(spec.target)
         if left_s <= 0:
+            when = ", ".join(f"{who} after {s:.1f} s" for who, s in (took or {}).items())
             reason = (
                 f"not called: the intent's {spec.timeout:g} s timeout passed while the broker and the "
-                "processor confirmed it"
+                f"processor confirmed it ({when or 'no answer in time'})"
             )
             await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
-            raise LedgerUnavailable(f"{reason}; execute again")
+            # FAILED with nothing sent: the next attempt may claim the key at once (``execute``
+            # tries it while its budget lasts).
+            raise _Passing(LedgerUnavailable(f"{reason}; execute again", passing=True))
         started = self.clock()
         try:
             async with asyncio.timeout(left_s):

@@ -81,8 +81,11 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
 #: A call's timeout when ``execute`` is given none (seconds): the deadline recorded in its intent.
 DEFAULT_TIMEOUT_S = 10.0
-#: How long an intent waits for the broker's acknowledgement in Kafka mode with ``sync`` (seconds).
-DEFAULT_SYNC_TIMEOUT_S = 10.0
+#: How long ``execute`` waits in Kafka mode with ``sync`` for the broker's acknowledgement and the
+#: processor's answers, trying again what passes by itself (seconds): a broker failover (the
+#: cluster fences a silent broker after ``broker.session.timeout.ms``, 9 s by default, then the
+#: client's request to it times out) fits in it.
+DEFAULT_SYNC_TIMEOUT_S = 30.0
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
@@ -156,7 +159,8 @@ class Ledger:
         Kafka mode: with ``kafka`` (a ``KafkaConfig`` or bootstrap servers) the file is also an
         outbox, relayed to ``effects.events`` by a task of this event loop. ``sync=True`` waits for
         the broker to acknowledge the intent before the destination is called (at most
-        ``sync_timeout`` s; then the effect is FAILED without a call). ``lookup`` is the ledger
+        ``sync_timeout`` s; then the effect is FAILED without a call; a refusal that passes by itself, a
+        broker failover or a processor catching up, is tried again within it). ``lookup`` is the ledger
         processor's URL: a key this file does not know, or knows only as open, is looked up there
         first, so an agent restarted on another host sees what its predecessor did. With ``kafka``,
         ``sync=True`` and ``lookup``, agents on several hosts may race for a key: after Kafka

@@ -459,7 +459,15 @@ def test_lookup_right_after_a_synced_execute_sees_what_kafka_acknowledged(
                         target="payments", operation="refund.create", run_id="ryw", step=f"s-{i}",
                         request={"i": i}, call=lambda key, i=i: {"id": f"re_{i}"},
                     )  # fmt: skip
-                    acked = {ev.event_id for _, ev, sent in await ledger.store.events(c.effect_id) if sent}
+                    # A sync caller goes on at its intent's delivery report; the relay marks the
+                    # rows sent once its whole batch is in: wait for that mark, then read what
+                    # Kafka acknowledged before the lookup.
+                    end = time.monotonic() + WAIT
+                    while not (
+                        acked := {ev.event_id for _, ev, sent in await ledger.store.events(c.effect_id) if sent}
+                    ):
+                        assert time.monotonic() < end, f"{c.effect_id}: its intent was never marked sent"
+                        await asyncio.sleep(0.01)
                     status, body = await asyncio.to_thread(proc.lookup, c.effect_id)
                     seen.append((c.effect_id, status, body, acked))
                 deadline = time.monotonic() + WAIT

@@ -14,6 +14,8 @@ from effect_ledger import (
     EffectRetired,
     EffectUncertain,
     LedgerError,
+    LedgerLagging,
+    LedgerUnavailable,
     NotAuthorized,
     StorageError,
     UnknownTarget,
@@ -31,9 +33,20 @@ from effect_ledger import (
         (UnknownTarget("target 'x' is not declared"), ()),
         (StorageError("disk full"), ()),
         (NotAuthorized("execute", "User:a", ["Write on topic e"]), ("what", "principal", "missing")),
+        (LedgerUnavailable("no leader yet", passing=True), ("passing",)),
+        (LedgerUnavailable("refused the lookup (401)"), ("passing",)),
+        (LedgerLagging("consumed through 3, high watermark 9"), ("passing",)),
     ],
 )
 def test_an_error_pickles_with_its_fields(error: LedgerError, fields: tuple[str, ...]) -> None:
     back = pickle.loads(pickle.dumps(error))
     assert type(back) is type(error) and str(back) == str(error)
     assert [getattr(back, f) for f in fields] == [getattr(error, f) for f in fields]
+
+
+def test_whether_a_refusal_passes_by_itself_is_part_of_the_error() -> None:
+    """``execute`` tries again only what passes by itself (a leader election, a lagging
+    processor); a refused token or a wrong answer is raised at once."""
+    assert LedgerLagging("lags").passing is True
+    assert LedgerUnavailable("refused the lookup (401)").passing is False
+    assert LedgerUnavailable("cannot ask", passing=True).passing is True

@@ -23,6 +23,7 @@ behind its consumer's fetch long-poll: about a second).
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,9 @@ from effect_ledger.streams.partition import partition_for
 from effect_ledger.streams.watermarks import high_watermark
 
 _CONFLICT_RETRIES = 16
+#: Pauses between asks for a claim verdict while the processor cannot answer yet (doubling, s).
+_ASK_AGAIN_FIRST_S = 0.1
+_ASK_AGAIN_MOST_S = 1.0
 _WATERMARK_TIMEOUT_S = 5.0
 
 
@@ -100,7 +104,7 @@ class Watermarks:
         try:
             return await asyncio.to_thread(self._ask, key)
         except Exception as e:  # a KafkaException: the broker is away, or the topic unknown
-            raise LedgerUnavailable(f"cannot read the high watermarks of {key}'s partition: {e}") from e
+            raise LedgerUnavailable(f"cannot read the high watermarks of {key}'s partition: {e}", passing=True) from e
 
     async def highs(self, partition: int) -> tuple[int, int]:
         """The high watermarks (next offsets) of ``partition`` of effects.events and effects.decisions;
@@ -134,22 +138,32 @@ async def settle(
     effect: Effect,
     decode: Callable[[str, list[bytes]], list[Event]],
     clock: Callable[[], int],
+    until: float | None = None,
 ) -> Effect:
     """Wait for the processor's verdict on ``intent`` (on Kafka at ``offset``: (partition, offset),
     None when unknown: then the processor waits for the high watermark, which covers it), copy what
     it knows into the file and return the effect. Returns when the intent owns its attempt, or when
     the effect is CONFIRMED (a receipt: the caller returns it, and must not call); raises
     ``EffectInProgress`` when another intent owns it, ``LedgerUnavailable`` when nobody answered.
-    ``decode`` turns the answer into events of the key (``Ledger._remote_events``)."""
+    ``decode`` turns the answer into events of the key (``Ledger._remote_events``). Until ``until``
+    (``time.monotonic()``), a processor that cannot answer yet (``LedgerUnavailable.passing``: it
+    lags, rebalances, or a leader is being elected) is asked again."""
     key = intent.effect_id
     after = FoldedThrough(offset[0], offset[1]) if offset is not None else None
-    try:
-        remote = decode(key, await lookup.events(key, after))
-    except LedgerUnavailable as e:
-        raise LedgerUnavailable(
-            f"no claim verdict for {key} attempt {intent.attempt} ({e}); destination not called, the "
-            "attempt is left to its deadline"
-        ) from e
+    pause = _ASK_AGAIN_FIRST_S
+    while True:
+        try:
+            remote = decode(key, await lookup.events(key, after))
+            break
+        except LedgerUnavailable as e:
+            if e.passing and until is not None and time.monotonic() + pause < until:
+                await asyncio.sleep(pause * random.uniform(0.5, 1.5))  # jittered, as execute's
+                pause = min(pause * 2, _ASK_AGAIN_MOST_S)
+                continue
+            raise LedgerUnavailable(
+                f"no claim verdict for {key} attempt {intent.attempt} ({e}); destination not called, the "
+                "attempt is left to its deadline"
+            ) from e
     mine = owns(fold(remote, effect) or effect, intent)
     if mine is None:
         raise LedgerUnavailable(

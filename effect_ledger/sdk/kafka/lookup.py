@@ -100,7 +100,9 @@ class ProcessorLookup:
                 body = await resp.json(content_type=None)
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise LedgerUnavailable(f"cannot ask the ledger processor at {self.url}: {type(e).__name__}: {e}") from e
+            raise LedgerUnavailable(
+                f"cannot ask the ledger processor at {self.url}: {type(e).__name__}: {e}", passing=True
+            ) from e
         if status == 401:
             raise LedgerUnavailable(
                 f"the ledger processor at {self.url} refused the lookup (401): give its token "

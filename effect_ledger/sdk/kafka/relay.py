@@ -9,6 +9,13 @@ Order of durable writes, per batch:
 3. wait for every delivery report;
 4. only then mark the delivered rows sent.
 
+Several batches are in flight at once (``_IN_FLIGHT``, each in a thread of the relay's own), so a
+partition whose leader stopped answering (paused, cut off: until the cluster elects another and the
+request times out) holds back only its own rows: the other partitions' rows, and the rows written
+after them, keep going out, and a ``sync`` caller's intent is acknowledged as soon as its own
+delivery report is in (``wait_acked``). Batches are settled in their order; one producer keeps each
+partition's records in order (idempotence), so a key's events never pass one another.
+
 A crash between 3 and 4 sends those rows again on restart: at-least-once, and harmless, because
 every event carries its ``event_id`` and the fold ignores one it has seen. While the broker is down
 the producer retries without a deadline (``message.timeout.ms=0``) so per-key order survives an
@@ -39,7 +46,9 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +77,10 @@ PERMANENT = frozenset(
 )
 
 
+#: How long a produce request may wait for the broker (librdkafka's ``request.timeout.ms``).
+_REQUEST_TIMEOUT_MS = 5000
+
+
 def producer_config(cfg: KafkaConfig, **extra: Any) -> dict[str, Any]:
     """The producer settings every effect-ledger writer to ``effects.events`` uses."""
     return cfg.confluent(
@@ -77,6 +90,13 @@ def producer_config(cfg: KafkaConfig, **extra: Any) -> dict[str, Any]:
             "partitioner": "murmur2_random",  # the partition Kafka's Java client and faust compute
             "linger.ms": 2,
             "message.timeout.ms": 0,  # retry until the broker is back: never reorder a key's events
+            # A leader that stopped answering (paused, cut off) holds a request until the socket
+            # times out (librdkafka's default: 60 s): give up on it sooner, so the retry goes to
+            # the new leader the cluster elected meanwhile (a fenced broker: 4-9 s). The broker's
+            # own wait for the in-sync replicas stays within it.
+            "request.timeout.ms": _REQUEST_TIMEOUT_MS,
+            "socket.timeout.ms": _REQUEST_TIMEOUT_MS + 1000,
+            "socket.connection.setup.timeout.ms": _REQUEST_TIMEOUT_MS,
             "queue.buffering.max.messages": 1_000_000,
             **extra,
         }
@@ -92,6 +112,8 @@ class RelayStats:
 
 
 _MAX_OFFSETS = 10_000  # intents' offsets kept for claim waiters (they ask within a second)
+#: Batches produced at once (each waits for its delivery reports in a thread of the relay's own).
+_IN_FLIGHT = 8
 _BATCH_OVERHEAD = 1024  # what a record batch adds to its records, with room to spare (Kafka: 61 bytes + per record)
 
 
@@ -140,7 +162,12 @@ class Relay:
         self._appended_through = 0  # the newest seq this relay saw appended (or found at start)
         # seq -> (partition, offset) of the intents this relay delivered: an agent waits for the
         # processor to have folded its own intent's offset (a claim). The newest _MAX_OFFSETS only.
-        self._offsets: dict[int, tuple[int, int]] = {}
+        self._offsets: dict[int, tuple[int, int] | None] = {}
+        self._offsets_lock = threading.Lock()  # delivery reports add to it from the batches' threads
+        self._waiters = 0  # wait_acked calls waiting now: a delivered intent wakes them
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._fit_lock = threading.Lock()  # one batch at a time fits the producer to the topic
         store.add_listener(self._appended)
         self.metrics = metrics  # a LedgerMetrics: the outbox depth is read at scrape time, free here
         if metrics is not None:
@@ -201,43 +228,76 @@ class Relay:
                     pass
 
     async def send_all(self, max_batches: int | None = None, progress: Callable[[int], None] | None = None) -> int:
-        """Send unsent rows batch by batch until none are left (or ``max_batches``). Pipelined: the
-        rows of batch N are marked sent (on the database's thread) while batch N+1 is produced
-        (on a worker thread); a batch is marked only after all its delivery reports came back."""
+        """Send unsent rows batch by batch until none are left (or ``max_batches``). Up to
+        ``_IN_FLIGHT`` batches are produced at once; they are settled in order: a batch's rows are
+        marked sent once all its delivery reports came back, and the watermark (``_advance``) passes
+        a batch only when every batch before it is settled. A batch that failed stops new ones; the
+        others in flight are settled first (their acknowledged rows marked sent), then it raises."""
+        loop = self._loop = asyncio.get_running_loop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(_IN_FLIGHT, thread_name_prefix="effect-ledger-relay")
         total = 0
         batches = 0
         after = 0
-        marking: asyncio.Task[None] | None = None
+        inflight: deque[tuple[list[tuple[int, str, str, bytes]], asyncio.Future[_Produced]]] = deque()
+        failure: str | None = None
         try:
-            while max_batches is None or batches < max_batches:
-                rows = await self.store.unsent(self.batch, after)
-                if not rows:
+            while True:
+                self._wake.clear()  # before looking for rows: one appended meanwhile sets it again
+                while (
+                    failure is None
+                    and len(inflight) < _IN_FLIGHT
+                    and (max_batches is None or batches + len(inflight) < max_batches)
+                ):
+                    rows = await self.store.unsent(self.batch, after)
+                    if not rows:
+                        break
+                    inflight.append((rows, loop.run_in_executor(self._pool, self._send, rows)))
+                    after = rows[-1][0]
+                if not inflight:
                     break
-                producing = asyncio.ensure_future(asyncio.to_thread(self._send, rows))
-                try:
-                    if marking is not None:
-                        await marking
-                        marking = None
-                finally:
-                    produced = await producing
-                if produced.refused and produced.error is None:
-                    await self._dead_letter(rows, produced.refused)
-                if produced.error is not None:
-                    missing = len(rows) - len(produced.acked) - len(produced.refused)
-                    raise RuntimeError(f"{missing} of {len(rows)} events not acknowledged: {produced.error}")
-                after = rows[-1][0]
-                if produced.acked:
-                    marking = asyncio.ensure_future(self.store.mark_sent(produced.acked))
-                total += len(produced.acked)
-                batches += 1
-                self.stats.sent += len(produced.acked)
-                self.stats.batches += 1
-                await self._advance(after)  # on Kafka: a sync waiter may go on
-                if progress is not None:
-                    progress(total)
+                oldest = inflight[0][1]
+                if failure is None and len(inflight) < _IN_FLIGHT and (max_batches is None or batches < max_batches):
+                    # The oldest batch, or new rows to send beside it (a stuck partition's batch
+                    # must not hold back a sync caller's intent on another).
+                    woken = asyncio.ensure_future(self._wake.wait())
+                    try:
+                        either: set[asyncio.Future[Any]] = {oldest, woken}
+                        await asyncio.wait(either, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        woken.cancel()
+                else:
+                    await asyncio.wait({oldest})
+                while inflight and inflight[0][1].done():
+                    rows, fut = inflight.popleft()
+                    produced = fut.result()
+                    if produced.refused and produced.error is None:
+                        await self._dead_letter(rows, produced.refused)
+                    if produced.acked:
+                        await self.store.mark_sent(produced.acked)
+                    total += len(produced.acked)
+                    self.stats.sent += len(produced.acked)
+                    if produced.error is not None:
+                        missing = len(rows) - len(produced.acked) - len(produced.refused)
+                        failure = failure or f"{missing} of {len(rows)} events not acknowledged: {produced.error}"
+                        continue
+                    batches += 1
+                    self.stats.batches += 1
+                    if failure is None:
+                        await self._advance(rows[-1][0])  # on Kafka: a sync waiter may go on
+                    if progress is not None:
+                        progress(total)
         finally:
-            if marking is not None:
-                await marking
+            # Nothing is left producing when this returns: a retry must not send rows twice at once.
+            for _, fut in inflight:
+                try:
+                    produced = await fut
+                    if produced.acked:
+                        await self.store.mark_sent(produced.acked)
+                except Exception:  # noqa: BLE001 - the first error is the one raised
+                    pass
+        if failure is not None:
+            raise RuntimeError(failure)
         if total == 0:
             # Another relay on the same file (a second agent, `effects relay --db`) may have sent
             # rows this one was waiting for: a row is marked sent only after some relay's ack.
@@ -245,9 +305,10 @@ class Relay:
         return total
 
     async def _advance(self, through: int) -> None:
-        if len(self._offsets) > _MAX_OFFSETS:  # no delivery report runs now: the batch is done
-            for seq in list(itertools.islice(self._offsets, len(self._offsets) - _MAX_OFFSETS)):
-                del self._offsets[seq]
+        with self._offsets_lock:
+            if len(self._offsets) > _MAX_OFFSETS:
+                for seq in list(itertools.islice(self._offsets, len(self._offsets) - _MAX_OFFSETS)):
+                    del self._offsets[seq]
         async with self._acked:
             if through > self._acked_through:
                 self._acked_through = through
@@ -263,12 +324,15 @@ class Relay:
         wire = self._wire_codec()
         rows = [(seq, key, kind, wire.to_wire(body)) for seq, key, kind, body in rows] if wire.frame_writes else rows
         if not self._fitted and time.monotonic() >= self._next_fit:
-            self._fit_topic_limit()
+            with self._fit_lock:
+                if not self._fitted:
+                    self._fit_topic_limit()
         first = self._produce(rows)
         if not first.by_broker or first.error is not None:
             return _Produced(first.acked, first.refused + first.by_broker, [], first.error)
         log.warning("the broker refused %d rows with their batches; sending them again", len(first.by_broker))
-        self._fit_topic_limit()
+        with self._fit_lock:
+            self._fit_topic_limit()
         by_seq = {r[0]: r for r in rows}
         again = self._produce([by_seq[seq] for seq, _ in first.by_broker])
         acked, refused, error = first.acked + again.acked, first.refused + again.refused, again.error
@@ -317,15 +381,26 @@ class Relay:
         first_error: str | None = None
 
         offsets = self._offsets
+        offsets_lock = self._offsets_lock
         forbidden = self.forbidden
+        reports = 0  # delivery reports of this batch that came back
 
         def report_for(seq: int, size: int, intent: bool) -> Any:
             def report(err: KafkaError | None, msg: Any) -> None:
-                nonlocal first_error
+                nonlocal first_error, reports
+                reports += 1
                 if err is None:
                     acked.append(seq)
                     if intent:
-                        offsets[seq] = (msg.partition(), msg.offset())
+                        with offsets_lock:
+                            # No offset when the broker acknowledged a retried request as a
+                            # duplicate of one it had stored (idempotence, after a timeout):
+                            # delivered, but where is unknown; the claim then waits for the
+                            # partition's high watermark, which covers it.
+                            offset = msg.offset()
+                            offsets[seq] = (msg.partition(), offset) if offset is not None and offset >= 0 else None
+                        if self._waiters and self._loop is not None:  # a sync caller may go on now
+                            self._loop.call_soon_threadsafe(self._poke)
                     if forbidden:
                         forbidden.pop(msg.topic(), None)
                 elif refused_by_acls(err):  # set aside (like a dead letter), with the missing right
@@ -340,6 +415,7 @@ class Relay:
             return report
 
         p = self._producer
+        produced = 0
         events, decisions = self.topic, self.decisions_topic
         headers = self._headers
         for seq, effect_id, kind, body in rows:
@@ -354,6 +430,7 @@ class Relay:
                 try:
                     report = report_for(seq, len(body), kind == "Intent")
                     p.produce(topic, body, effect_id, headers=header, on_delivery=report)
+                    produced += 1
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -363,9 +440,12 @@ class Relay:
                         raise
                     refused.append((seq, _refusal(len(body), err)))
                     break
-        while p.flush(0.5) > 0:
+        # This batch's own reports, not the producer's whole queue (``flush``): another batch's
+        # partition may be waiting for a new leader. Any thread's poll serves any batch's reports.
+        while reports < produced:
             if self._stop.is_set():
                 break
+            p.poll(0.05)
         acked.sort()  # delivery reports come per partition; marking wants seq order
         refused.sort()
         by_broker.sort()
@@ -425,7 +505,8 @@ class Relay:
 
     def offset_of(self, seq: int) -> tuple[int, int] | None:
         """(partition, offset) on effects.events of the intent with ``seq``, once this relay has
-        delivered it (None: not an intent, not delivered by this relay, or long ago)."""
+        delivered it (None: not an intent, not delivered by this relay, long ago, or delivered as a
+        retried duplicate whose offset the broker did not say)."""
         return self._offsets.get(seq)
 
     def refusal(self, seq: int) -> str | None:
@@ -433,14 +514,30 @@ class Relay:
         return self._dead.get(seq)
 
     async def wait_acked(self, seq: int, timeout: float) -> bool:
-        """Wait until the event with ``seq`` (and every one before it) is on Kafka or dead-lettered;
-        False on timeout. ``refusal(seq)`` tells a dead-lettered one apart."""
+        """Wait until the intent with ``seq`` is on Kafka (its own delivery report, or the watermark
+        past it) or dead-lettered; False on timeout. ``refusal(seq)`` tells a dead-lettered one
+        apart. Its key's earlier events are on Kafka before it: one partition, one producer, in
+        order."""
+        self._waiters += 1
+        try:
+            async with self._acked:
+                try:
+                    await asyncio.wait_for(
+                        self._acked.wait_for(lambda: self._acked_through >= seq or seq in self._offsets), timeout
+                    )
+                    return True
+                except TimeoutError:
+                    return False
+        finally:
+            self._waiters -= 1
+
+    def _poke(self) -> None:
+        """(On the loop's thread.) Wake the ``wait_acked`` callers: an intent was delivered."""
+        asyncio.ensure_future(self._notify())
+
+    async def _notify(self) -> None:
         async with self._acked:
-            try:
-                await asyncio.wait_for(self._acked.wait_for(lambda: self._acked_through >= seq), timeout)
-                return True
-            except TimeoutError:
-                return False
+            self._acked.notify_all()
 
     async def drain(self, progress: Callable[[int], None] | None = None) -> int:
         """Send everything unsent, then return the count (``effects relay --db``)."""
@@ -463,6 +560,9 @@ class Relay:
             self._task = None
         self._stop.set()
         await asyncio.to_thread(self._producer.flush, min(1.0, timeout))
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
 
     async def _drain_quietly(self) -> None:
         while await self.store.outbox_depth() > 0:
