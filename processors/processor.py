@@ -184,6 +184,7 @@ class LedgerProcessor:
         settings.check_web()
         self.s = settings
         self.metrics = metrics  # a LedgerMetrics (effect_ledger.metrics.names), or None
+        self._served = False  # ready at least once (see _not_ready)
         self.codec = kafka_codec(settings.kafka, writes=True)  # publishes its schemas, learns newer ones
         k = settings.kafka
         topics = k.topics
@@ -432,22 +433,31 @@ class LedgerProcessor:
         return store.memory() if isinstance(store, rocks.Store) else None
 
     def _not_ready(self) -> str:
+        """Why lookups are refused now, in the words an on-call reads in the agents' errors."""
         if self.missing_rights:
             return f"Kafka no longer gives this worker: {'; '.join(self.missing_rights)}"
-        return "the processor is starting"
+        if not self._served:
+            return "the processor is starting"
+        if self.app.rebalancing:
+            return "the workers' group is rebalancing (a worker or the group's coordinator came or went)"
+        if self.app.in_recovery:
+            return "the processor is recovering its table after a rebalance"
+        return "the processor is taking on its new partitions"
 
     @property
     def ready(self) -> bool:
         """Recovered and owning its partitions (the deadline index was built for them), with every
         Kafka right it needs."""
         app = self.app
-        return (
+        ready = (
             not self.missing_rights
             and self.index.assigned is not None
             and not app.in_recovery
             and not app.rebalancing
             and self.index.assigned == self._assigned()
         )
+        self._served = self._served or ready  # once ready, a later refusal is not "starting"
+        return ready
 
     def _assigned(self) -> frozenset[int]:
         return frozenset(

@@ -3,6 +3,8 @@ effect-ledger needs them (a definite rejection vs. an unknown outcome)."""
 
 from __future__ import annotations
 
+import socket
+import struct
 from typing import Any
 
 import aiohttp
@@ -18,13 +20,27 @@ class GatewayUnavailable(Exception):
     """5xx or a transport error: the refund may or may not have been made."""
 
 
+def resetting_socket(addr_info: tuple[Any, ...]) -> socket.socket:
+    """A TCP socket whose close is a reset (``SO_LINGER`` 0). A call the ledger cut off at its
+    deadline closes its connection: with an orderly close the kernel would go on retransmitting a
+    request a network partition held back, and deliver it once the partition heals, long after the
+    deadline and the target's ``lands_within``, when a reconciler may already have found the key
+    absent. A reset drops what the kernel still holds instead."""
+    family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    return sock
+
+
 class GatewayClient:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> GatewayClient:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30), connector=aiohttp.TCPConnector(socket_factory=resetting_socket)
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
