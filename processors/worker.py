@@ -7,8 +7,10 @@ from typing import Any
 
 import faust
 
+from effect_ledger.errors import NotAuthorized
 from effect_ledger.metrics import logs
 from effect_ledger.processors.processor import LedgerProcessor, ProcessorSettings
+from effect_ledger.streams.config import operator_identity
 
 log = logging.getLogger("effect_ledger.processor")
 
@@ -45,4 +47,37 @@ def run_worker(settings: ProcessorSettings, loglevel: str = "warning", metrics: 
     # faust's start-up spinner sets the root logger to DEBUG whatever the level: every aiokafka
     # debug call would then build a log record (about a tenth of the worker's CPU).
     worker.spinner = None
-    worker.execute_from_commandline()
+    try:
+        worker.execute_from_commandline()  # exits (SystemExit) however it ends; a crash's cause is kept
+    except SystemExit:
+        # A right the ACLs took away while it ran, refused by Kafka before the rights check said so
+        # (an offset commit or a fetch): the worker has stopped, nothing past its last commit is
+        # acknowledged, and the operator reads which right in one line, not a client's traceback.
+        crash = worker.crash_reason
+        lost = lost_rights(crash, settings) if crash is not None else []
+        if not lost:
+            raise
+        log.error("Kafka no longer gives this worker: %s; stopped", "; ".join(lost))
+        raise NotAuthorized("effects worker", operator_identity(k), lost) from crash
+
+
+def lost_rights(error: BaseException, settings: ProcessorSettings) -> list[str]:
+    """The rights an authorization error somewhere in ``error``'s chain says the worker lacks
+    (``Read on topic NAME`` lines); empty when the chain holds none."""
+    from aiokafka import errors as ak
+
+    topics = settings.kafka.topics
+    consumed = {topics.events, topics.decisions}
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ak.TopicAuthorizationFailedError):
+            named = e.args[0] if e.args and isinstance(e.args[0], set | frozenset | list | tuple) else ()
+            return [f"{'Read' if t in consumed else 'Write'} on topic {t}" for t in sorted(map(str, named))] or [
+                "a right on one of its topics (the broker did not say which)"
+            ]
+        if isinstance(e, ak.GroupAuthorizationFailedError):
+            return [f"Read on group {settings.full_app_id}"]
+        e = e.__cause__ or e.__context__
+    return []
