@@ -124,8 +124,9 @@ async def _final_state(db: Path, url: str, kind: str) -> tuple[str | None, str]:
         return effect.state.value, evidence
 
 
-async def _final_state_kafka(kafka: KafkaMode, key: str) -> tuple[str | None, str]:
-    """The effect as the ledger processor's table has it, once it is no longer open."""
+async def settled_kafka(kafka: KafkaMode, key: str) -> tuple[str | None, str | None, str]:
+    """The effect as the ledger processor's table has it, once it is no longer open (or after 30 s):
+    its state, its receipt id and the reconcilers' evidence."""
     lookup = ProcessorLookup(kafka.lookup)
     codec = default_codec()
     loop = asyncio.get_running_loop()
@@ -143,9 +144,9 @@ async def _final_state_kafka(kafka: KafkaMode, key: str) -> tuple[str | None, st
     finally:
         await lookup.close()
     if effect is None:
-        return None, ""
+        return None, None, ""
     evidence = "; ".join(f"{r.reconciler}:{r.verdict.value}:{r.reason}" for r in effect.resolutions)
-    return effect.state.value, evidence
+    return effect.state.value, (effect.receipt.receipt_id if effect.receipt else None), evidence
 
 
 def run_cell(point: str, kind: str, runs: int, kafka: KafkaMode | None = None) -> Cell:
@@ -171,7 +172,7 @@ def run_cell(point: str, kind: str, runs: int, kafka: KafkaMode | None = None) -
                 other_host.mkdir()
                 _agent("ledger", other_host, gw.url, kind, None, run_id, kafka)
                 key = effect_key("payments", "refund.create", run_id, "refund-order-123")
-                state, evidence = asyncio.run(_final_state_kafka(kafka, key))
+                state, _, evidence = asyncio.run(settled_kafka(kafka, key))
             made = len(gw.refunds())
             lost = (
                 state not in (State.CONFIRMED, State.FAILED, State.ESCALATED)

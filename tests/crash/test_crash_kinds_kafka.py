@@ -17,40 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from effect_ledger.core.effect import fold
 from effect_ledger.core.keys import effect_key
-from effect_ledger.core.model import State
-from effect_ledger.errors import LedgerUnavailable
 from effect_ledger.sdk import crashpoints
-from effect_ledger.sdk.kafka.lookup import ProcessorLookup
-from effect_ledger.streams.codec import default_codec
 from tests.crash.kind_agent import OPERATION, TARGET
-from tests.crash.matrix import KafkaMode, kafka_setup
+from tests.crash.matrix import KafkaMode, kafka_setup, settled_kafka
 from tests.crash.test_crash_kinds import KINDS, Outcome, _agent, _fake
-
-
-async def _settled(kafka: KafkaMode, key: str) -> tuple[str | None, str | None, str]:
-    """The effect as the processor's table has it, once it is no longer open (or after 30 s)."""
-    lookup = ProcessorLookup(kafka.lookup)
-    codec = default_codec()
-    loop = asyncio.get_running_loop()
-    end = loop.time() + 30
-    effect = None
-    try:
-        while loop.time() < end:
-            try:
-                effect = fold([codec.decode(b) for b in await lookup.events(key)])
-            except LedgerUnavailable:
-                effect = None
-            if effect is not None and effect.state not in (State.PENDING, State.EXECUTED, State.UNCERTAIN):
-                break
-            await asyncio.sleep(0.1)
-    finally:
-        await lookup.close()
-    if effect is None:
-        return None, None, ""
-    evidence = "; ".join(f"{r.reconciler}:{r.verdict.value}:{r.reason}" for r in effect.resolutions)
-    return effect.state.value, (effect.receipt.receipt_id if effect.receipt else None), evidence
 
 
 def _cell(point: str, kind: str, kafka: KafkaMode) -> Outcome:
@@ -62,7 +33,7 @@ def _cell(point: str, kind: str, kafka: KafkaMode) -> Outcome:
         code, _ = _agent(kind, srv.url, host_a, run_id, point, *kafka.args())
         second, _ = _agent(kind, srv.url, host_b, run_id, None, *kafka.args())
         key = effect_key(TARGET[kind], OPERATION[kind], run_id, "order-123")
-        state, receipt, evidence = asyncio.run(_settled(kafka, key))
+        state, receipt, evidence = asyncio.run(settled_kafka(kafka, key))
         return Outcome(point, kind, code == -signal.SIGKILL, srv.app.made(), state, receipt, evidence, second)
 
 
