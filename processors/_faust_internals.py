@@ -75,6 +75,9 @@ Why each is needed (faust 0.15.3 has no public way):
   last record's offset + 1. Positions are read from aiokafka's subscription state
   (``AIOKafkaConsumer._subscription``), aiokafka's own record of them, without ``position()``'s
   wait for one.
+* ``refused_authorization``: faust's crash keeps the Kafka client's own exception (aiokafka's
+  ``TopicAuthorizationFailedError`` carries the refused topics as its first argument), the only
+  place that says which right the ACLs took away when a commit or fetch is refused.
 """
 
 from __future__ import annotations
@@ -387,3 +390,22 @@ def quick_handoff(app: faust.App) -> None:
 
     consumer.wait_first = wait_first
     consumer._effect_ledger_quick_handoff = True
+
+
+def refused_authorization(error: BaseException) -> tuple[str, tuple[str, ...]] | None:
+    """An authorization refusal of faust's Kafka client (aiokafka) in ``error``'s chain (its cause
+    or context, and theirs): ``("topic", names)`` (sorted; empty when the broker did not name them)
+    or ``("group", ())``; None when there is none."""
+    from aiokafka import errors as ak
+
+    seen: set[int] = set()
+    e: BaseException | None = error
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, ak.TopicAuthorizationFailedError):
+            named = e.args[0] if e.args and isinstance(e.args[0], set | frozenset | list | tuple) else ()
+            return "topic", tuple(sorted(map(str, named)))
+        if isinstance(e, ak.GroupAuthorizationFailedError):
+            return "group", ()
+        e = e.__cause__ or e.__context__
+    return None

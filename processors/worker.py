@@ -9,6 +9,7 @@ import faust
 
 from effect_ledger.errors import NotAuthorized
 from effect_ledger.metrics import logs
+from effect_ledger.processors import _faust_internals as faust_internals
 from effect_ledger.processors.processor import LedgerProcessor, ProcessorSettings
 from effect_ledger.streams.config import operator_identity
 
@@ -64,20 +65,14 @@ def run_worker(settings: ProcessorSettings, loglevel: str = "warning", metrics: 
 def lost_rights(error: BaseException, settings: ProcessorSettings) -> list[str]:
     """The rights an authorization error somewhere in ``error``'s chain says the worker lacks
     (``Read on topic NAME`` lines); empty when the chain holds none."""
-    from aiokafka import errors as ak
-
+    refused = faust_internals.refused_authorization(error)
+    if refused is None:
+        return []
+    kind, names = refused
+    if kind == "group":
+        return [f"Read on group {settings.full_app_id}"]
     topics = settings.kafka.topics
     consumed = {topics.events, topics.decisions}
-    seen: set[int] = set()
-    e: BaseException | None = error
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, ak.TopicAuthorizationFailedError):
-            named = e.args[0] if e.args and isinstance(e.args[0], set | frozenset | list | tuple) else ()
-            return [f"{'Read' if t in consumed else 'Write'} on topic {t}" for t in sorted(map(str, named))] or [
-                "a right on one of its topics (the broker did not say which)"
-            ]
-        if isinstance(e, ak.GroupAuthorizationFailedError):
-            return [f"Read on group {settings.full_app_id}"]
-        e = e.__cause__ or e.__context__
-    return []
+    return [f"{'Read' if t in consumed else 'Write'} on topic {t}" for t in names] or [
+        "a right on one of its topics (the broker did not say which)"
+    ]

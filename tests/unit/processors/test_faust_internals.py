@@ -443,3 +443,18 @@ def test_leave_unacknowledged_keeps_the_offset_out_of_the_consumers_count(tmp_pa
         assert 8 not in consumer._acked_index[tp]
 
     asyncio.run(check())
+
+
+def test_refused_authorization_reads_the_topics_aiokafka_names_down_the_chain() -> None:
+    from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+
+    try:
+        try:
+            raise TopicAuthorizationFailedError({"p.effects.events", "p.effects.decisions"})
+        except TopicAuthorizationFailedError as inner:
+            raise RuntimeError("faust's commit failed") from inner
+    except RuntimeError as outer:
+        assert faust_internals.refused_authorization(outer) == ("topic", ("p.effects.decisions", "p.effects.events"))
+    assert faust_internals.refused_authorization(TopicAuthorizationFailedError()) == ("topic", ())
+    assert faust_internals.refused_authorization(GroupAuthorizationFailedError()) == ("group", ())
+    assert faust_internals.refused_authorization(IllegalStateError("x")) is None
