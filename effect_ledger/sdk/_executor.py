@@ -82,6 +82,8 @@ if TYPE_CHECKING:
 
 Call = Callable[[str], Any]
 
+#: In Kafka mode with ``sync``: the least share of its timeout a call is started with (``_call``).
+_LEAST_CALL_SHARE = 0.25
 #: ``execute``'s pauses between tries of a refusal that passes (``_Passing``), doubling (seconds).
 _AGAIN_FIRST_S = 0.1
 _AGAIN_MOST_S = 2.0
@@ -446,13 +448,24 @@ class Executor:
         """Call the destination for at most ``left_s``: what is left of the intent's timeout. Every
         other writer counts the attempt's deadline from the intent, so a call that started later
         with the whole timeout could land after they were told it no longer can. Nothing left: no
-        call; the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised."""
+        call; the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised.
+
+        In Kafka mode with ``sync`` the same holds for less than ``_LEAST_CALL_SHARE`` of the
+        timeout left (the broker and the processor took the rest): such a call would most likely
+        time out with the request perhaps landed (UNCERTAIN, for the reconcilers or a person),
+        where no call is a clean new attempt, which ``execute`` makes with a whole timeout of its
+        own while its ``sync_timeout`` lasts."""
         target = self.target(spec.target)
-        if left_s <= 0:
+        least = spec.timeout * _LEAST_CALL_SHARE if self.sync_timeout is not None else 0.0
+        if left_s <= 0 or left_s < least:
             when = ", ".join(f"{who} after {s:.1f} s" for who, s in (took or {}).items())
+            what = (
+                f"the intent's {spec.timeout:g} s timeout passed"
+                if left_s <= 0
+                else f"only {left_s:.2f} s of the intent's {spec.timeout:g} s timeout was left"
+            )
             reason = (
-                f"not called: the intent's {spec.timeout:g} s timeout passed while the broker and the "
-                f"processor confirmed it ({when or 'no answer in time'})"
+                f"not called: {what} while the broker and the processor confirmed it ({when or 'no answer in time'})"
             )
             await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
             # FAILED with nothing sent: the next attempt may claim the key at once (``execute``
