@@ -261,15 +261,25 @@ class TopicStatus:
     drifts: tuple[Drift, ...]
 
 
-def check_topics(cfg: KafkaConfig, timeout: float = 30.0) -> list[TopicStatus]:
+def check_topics(cfg: KafkaConfig, timeout: float = 30.0, settle_s: float | None = None) -> list[TopicStatus]:
     """Every topic of ``topic_specs`` compared with the cluster: partitions (exactly: the processor's
     co-partitioning depends on them), replication (at least), and cleanup policy, retention and
     ``min.insync.replicas`` (exactly, where the spec sets them; a config the broker leaves at its
-    default is compared with that default). Reads only."""
+    default is compared with that default). Reads only.
+
+    A topic the metadata does not show is asked about again for up to ``settle_s`` (default
+    ``_METADATA_SETTLE_S``) before it is called missing: on a cluster, the broker answering may not
+    have learnt yet of a topic another broker has just created (``ensure_topics`` saw its leaders
+    through another)."""
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     admin = admin_client(cfg)
     md = admin.list_topics(timeout=timeout)
+    settle = time.monotonic() + min(timeout, _METADATA_SETTLE_S if settle_s is None else settle_s)
+    expected = [s.name for s in topic_specs(cfg.for_cluster(len(md.brokers)))]
+    while time.monotonic() < settle and any(n not in md.topics or md.topics[n].error is not None for n in expected):
+        time.sleep(0.2)
+        md = admin.list_topics(timeout=timeout)
     brokers = len(md.brokers)
     cfg = cfg.for_cluster(brokers)
     # What a replicated deployment needs, whatever was configured: on three brokers or more,
@@ -335,8 +345,8 @@ def require_topics(cfg: KafkaConfig, timeout: float = 30.0) -> None:
         raise TopicDrift(drifts)
 
 
-#: How long ``require_topics`` waits for topics it was told are missing to appear (a broker's
-#: metadata can trail another's by a moment after a creation).
+#: How long ``check_topics`` and ``require_topics`` wait for topics they were told are missing to
+#: appear (a broker's metadata can trail another's by a moment after a creation).
 _METADATA_SETTLE_S = 10.0
 
 

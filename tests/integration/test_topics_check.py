@@ -130,3 +130,30 @@ def test_worker_refuses_a_drifted_state_topic(drifted: KafkaConfig, tmp_path: ob
     assert line.startswith(f"effects: {drifted.topics.state}: cleanup.policy is delete, expected compact")
     # events' retention is reported by `topics check`, but does not stop the processor
     assert drifted.topics.events not in line
+
+
+def test_check_asks_again_about_a_topic_a_trailing_broker_does_not_show_yet(
+    kafka_config: KafkaConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster, the broker answering a check made right after the topics were created can
+    trail the one that created them: its first answers lack a topic. That is not "missing"."""
+    from effect_ledger.streams import admin
+
+    ensure_topics(kafka_config)
+    real = admin.admin_client(kafka_config)
+    trailing = {"answers": 2}
+
+    class TrailingBroker:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def list_topics(self, *args: object, **kwargs: object) -> object:
+            md = real.list_topics(*args, **kwargs)
+            if trailing["answers"] > 0:
+                trailing["answers"] -= 1
+                md.topics.pop(kafka_config.topics.events, None)
+            return md
+
+    monkeypatch.setattr(admin, "admin_client", lambda cfg: TrailingBroker())
+    drifts = [str(d) for s in check_topics(kafka_config) for d in s.drifts]
+    assert drifts == [] and trailing["answers"] == 0, drifts
