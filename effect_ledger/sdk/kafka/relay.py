@@ -9,12 +9,9 @@ Order of durable writes, per batch:
 3. wait for every delivery report;
 4. only then mark the delivered rows sent.
 
-Several batches are in flight at once (``_IN_FLIGHT``, each in a thread of the relay's own), so a
-partition whose leader stopped answering (paused, cut off: until the cluster elects another and the
-request times out) holds back only its own rows: the other partitions' rows, and the rows written
-after them, keep going out, and a ``sync`` caller's intent is acknowledged as soon as its own
-delivery report is in (``wait_acked``). Batches are settled in their order; one producer keeps each
-partition's records in order (idempotence), so a key's events never pass one another.
+A batch is produced in a thread of the relay's own and settled before the next is produced
+(``_IN_FLIGHT``), so a key's events never pass one another on the topic; a ``sync`` caller's intent
+is acknowledged as soon as its own delivery report is in (``wait_acked``).
 
 A crash between 3 and 4 sends those rows again on restart: at-least-once, and harmless, because
 every event carries its ``event_id`` and the fold ignores one it has seen. While the broker is down
@@ -113,7 +110,10 @@ class RelayStats:
 
 _MAX_OFFSETS = 10_000  # intents' offsets kept for claim waiters (they ask within a second)
 #: Batches produced at once (each waits for its delivery reports in a thread of the relay's own).
-_IN_FLIGHT = 8
+#: One: batches produced from several threads can interleave their rows, and a batch that fails
+#: is sent again after later ones were delivered; either puts a key's events out of order on the
+#: topic (``tests/integration/test_relay.py`` caught it under load with 8).
+_IN_FLIGHT = 1
 _BATCH_OVERHEAD = 1024  # what a record batch adds to its records, with room to spare (Kafka: 61 bytes + per record)
 
 
