@@ -18,8 +18,9 @@ nothing                                     ``Execute(attempt 1)``
 claim held by a live worker (or its lease)  ``Refuse(EffectInProgress)``, retry after the lease
 open (PENDING/EXECUTED/UNCERTAIN), owner    ``AskFirst``, then ``after_answer``: found ->
 gone                                        ``ReturnReceipt``; absent -> ``Execute(n+1)``; unknown
-                                            -> ``Refuse(EffectInProgress)`` before the old
-                                            deadline, ``Refuse(EffectUncertain)`` after
+                                            -> ``Refuse(EffectInProgress)`` when asked before
+                                            the old call could no longer land,
+                                            ``Refuse(EffectUncertain)`` after
 ==========================================  ==================================================
 
 Every ``Execute`` names the owner it takes the claim over from (``take_over_from``; None when nobody
@@ -160,9 +161,11 @@ def after_answer(
         return ReturnReceipt(effect)
     if effect.state is State.ABSENT:
         return Execute(effect.attempt + 1, asked.take_over_from, confirm_claims)
-    if resolution.verdict is Verdict.UNKNOWN and now_ms < lands_until_ms:
-        # The earlier call may still be running, or land, until then: ask again then.
-        return Refuse(EffectInProgress(key, resolution.reason, lands_until_ms - now_ms))
+    if resolution.verdict is Verdict.UNKNOWN and resolution.at_ms < lands_until_ms:
+        # Asked while the earlier call could still be running, or land: ask again then. Judged on
+        # when the destination was asked (the answer's time), not on now: an answer that came back
+        # after that time still says nothing about it, and one more question settles it.
+        return Refuse(EffectInProgress(key, resolution.reason, max(0, lands_until_ms - now_ms)))
     return Refuse(EffectUncertain(key, resolution.reason, effect.state.value))
 
 

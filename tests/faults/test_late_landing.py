@@ -27,7 +27,9 @@ from effect_ledger.demo.client import GatewayClient
 from effect_ledger.demo.gateway import Gateway
 from effect_ledger.errors import EffectInProgress, EffectUncertain
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.receipts import wall_clock_ms
 from effect_ledger.sdk.runner import Runner
+from tests.faults.http_servers import LoopbackServer, Reply
 from tests.sdk_contract import run
 
 TIMEOUT_S = 0.5
@@ -141,5 +143,60 @@ def test_a_targets_lands_within_widens_the_window(tmp_path: Path, gateway: Gatew
                 await asyncio.sleep(0.05)
             assert effect is not None and effect.state is State.CONFIRMED, (effect.state, effect.resolutions)
         assert len(gateway.refunds()) == 1
+
+    run(body())
+
+
+def test_an_answer_asked_too_early_is_asked_again_however_late_it_comes_back(tmp_path: Path) -> None:
+    """The lookup is asked just before the cut-off call can no longer land and answers "absent"
+    after that time has passed (a slow destination, a loaded host: the crash matrix met it under
+    CI's load). "Absent so far" says nothing about the time after it was asked, so the caller is
+    told to ask again (``EffectInProgress``, retry after 0), not handed ``EffectUncertain``: the next
+    question gets a real ABSENT and the one call is made. Before, execute judged the answer on the
+    clock after it came back and gave up with "uncertain" on an effect one more question settles.
+
+    The ledger's clock is the test's (``Ledger.open(clock=...)``) and the lookup, a real HTTP server
+    on loopback, moves it past the window while it answers: no real seconds are waited."""
+    skew = [0]
+    slow = [True]
+
+    def clock() -> int:
+        return wall_clock_ms() + skew[0]
+
+    def answer(path: str) -> Reply:
+        if slow[0]:  # the answer takes "3 s": past the deadline + lands_within (2 s)
+            skew[0] += 3_000
+            slow[0] = False
+        return Reply(404, b'{"error": "no refund with this key"}')
+
+    calls: list[str] = []
+
+    async def refund_call(key: str) -> dict[str, object]:
+        calls.append(key)
+        if len(calls) == 1:
+            await asyncio.sleep(DEADLINE_S)  # hangs before anything is sent: cut off at the deadline
+        return {"id": f"re_{len(calls)}"}
+
+    async def body() -> None:
+        with LoopbackServer(answer) as srv:
+            path = tmp_path / "targets.toml"
+            path.write_text(f'[targets.payments]\nlookup = "{srv.url}/refunds/by-key/{{key}}"\n')
+            async with await Ledger.open(tmp_path / "effects.db", targets=path, clock=clock) as ledger:
+
+                async def go():  # type: ignore[no-untyped-def]
+                    return await ledger.execute(
+                        target="payments", operation="refund.create", run_id="run-1", step="refund-order-123",
+                        request=REQUEST, call=refund_call, timeout=TIMEOUT_S,
+                    )  # fmt: skip
+
+                with pytest.raises(EffectUncertain):
+                    await go()  # attempt 1 cut off: UNCERTAIN
+                with pytest.raises(EffectInProgress) as refused:
+                    await go()  # asked before the window closed, answered after it: ask again
+                assert refused.value.retry_after_ms == 0
+                c = await go()  # asked again: absent for good, attempt 2 makes the one call
+                assert c.called and c.attempt == 2 and c.receipt_id == "re_2", c
+                assert len(srv.seen) == 2, [s.path for s in srv.seen]
+        assert len(calls) == 2
 
     run(body())

@@ -57,8 +57,9 @@ def receipt() -> Receipt:
     return Receipt("receipt-1", KEY, T0 + 500, 1, "re_1", ReceiptSource.CALL, '{"id":"re_1"}')
 
 
-def resolution(verdict: Verdict, tries: int = 1) -> Resolution:
-    return Resolution(f"resolution:1:{tries}:{KEY}", KEY, DEADLINE + 2_000, 1, verdict, "gateway", "why", None, None,
+def resolution(verdict: Verdict, tries: int = 1, at: int = DEADLINE + 2_000) -> Resolution:
+    """A reconciler's answer, given (asked) at ``at``."""
+    return Resolution(f"resolution:1:{tries}:{KEY}", KEY, at, 1, verdict, "gateway", "why", None, None,
                       tries)  # fmt: skip
 
 
@@ -196,7 +197,7 @@ def test_unknown_after_the_deadline_is_uncertain_and_nothing_is_sent() -> None:
 
 
 def test_unknown_before_the_deadline_is_in_progress_until_then() -> None:
-    unknown = resolution(Verdict.UNKNOWN)
+    unknown = resolution(Verdict.UNKNOWN, at=DEADLINE - 4_000)
     after = effect(*STATES[State.UNCERTAIN], unknown)
     step = after_answer(asked(), after, unknown, DEADLINE - 4_000, False, LANDS_UNTIL)
     assert isinstance(step, Refuse) and isinstance(step.error, EffectInProgress)
@@ -206,11 +207,24 @@ def test_unknown_before_the_deadline_is_in_progress_until_then() -> None:
 @pytest.mark.parametrize("now", [DEADLINE, DEADLINE + 1_999])
 def test_unknown_while_the_old_call_may_still_land_is_in_progress_until_then(now: int) -> None:
     """Past the deadline, the earlier call may still take effect for the target's lands_within."""
-    unknown = resolution(Verdict.UNKNOWN)
+    unknown = resolution(Verdict.UNKNOWN, at=now)
     after = effect(*STATES[State.UNCERTAIN], unknown)
     step = after_answer(asked(), after, unknown, now, False, LANDS_UNTIL)
     assert isinstance(step, Refuse) and isinstance(step.error, EffectInProgress)
     assert step.error.retry_after_ms == LANDS_UNTIL - now
+
+
+@pytest.mark.parametrize("late", [1, 500, 60_000])
+def test_an_unknown_given_too_early_is_asked_again_even_when_it_arrives_late(late: int) -> None:
+    """The answer is judged on when the destination was asked, not on when it came back: "absent so
+    far" asked just before the old call could no longer land, and answered (or recorded) after,
+    says nothing for the time after. Ask again at once (retry after 0), not "uncertain": a slow
+    lookup must not hand the caller a verdict that one more question would settle."""
+    unknown = resolution(Verdict.UNKNOWN, at=LANDS_UNTIL - 1)
+    after = effect(*STATES[State.UNCERTAIN], unknown)
+    step = after_answer(asked(), after, unknown, LANDS_UNTIL + late, False, LANDS_UNTIL)
+    assert isinstance(step, Refuse) and isinstance(step.error, EffectInProgress), step
+    assert step.error.retry_after_ms == 0
 
 
 def test_an_escalating_answer_is_uncertain() -> None:
