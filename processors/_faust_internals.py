@@ -403,7 +403,9 @@ def refused_authorization(error: BaseException) -> tuple[str, tuple[str, ...]] |
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         if isinstance(e, ak.TopicAuthorizationFailedError):
-            named = e.args[0] if e.args and isinstance(e.args[0], set | frozenset | list | tuple) else ()
+            # A set from the offset commit and the sender, one name from the fetcher and metadata.
+            arg = e.args[0] if e.args else ()
+            named = (arg,) if isinstance(arg, str) else arg if isinstance(arg, set | frozenset | list | tuple) else ()
             return "topic", tuple(sorted(map(str, named)))
         if isinstance(e, ak.GroupAuthorizationFailedError):
             return "group", ()

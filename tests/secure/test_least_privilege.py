@@ -450,7 +450,10 @@ def test_a_credential_is_rotated_by_moving_the_worker_to_a_second_user(secured: 
         # Either its rights check says so first (not ready), or its next write is refused and it
         # stops, the batch unacknowledged (the next owner reads it again): never a ready worker
         # that folds nothing.
-        wait_for(lambda: not proc.alive or not (proc.health() or {}).get("ready", True), 60, "the worker not ready")
+        try:
+            wait_for(lambda: not proc.alive or not (proc.health() or {}).get("ready", True), 60, "the worker not ready")
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; health {proc.health()}; the worker's log:\n{proc.log()[-6000:]}") from None
         log = proc.log()
         assert (
             f"no longer gives this worker: Read on topic {worker.topics.events}" in log

@@ -456,5 +456,9 @@ def test_refused_authorization_reads_the_topics_aiokafka_names_down_the_chain() 
     except RuntimeError as outer:
         assert faust_internals.refused_authorization(outer) == ("topic", ("p.effects.decisions", "p.effects.events"))
     assert faust_internals.refused_authorization(TopicAuthorizationFailedError()) == ("topic", ())
+    # The fetcher and the metadata client name the one topic as a string (the offset commit and the
+    # sender a set): a refused fetch is the worker's usual first sign of a Read taken away.
+    one = TopicAuthorizationFailedError("p.effects.events")
+    assert faust_internals.refused_authorization(one) == ("topic", ("p.effects.events",))
     assert faust_internals.refused_authorization(GroupAuthorizationFailedError()) == ("group", ())
     assert faust_internals.refused_authorization(IllegalStateError("x")) is None
