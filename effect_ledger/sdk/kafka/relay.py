@@ -43,7 +43,6 @@ import itertools
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -109,10 +108,10 @@ class RelayStats:
 
 
 _MAX_OFFSETS = 10_000  # intents' offsets kept for claim waiters (they ask within a second)
-#: Batches produced at once (each waits for its delivery reports in a thread of the relay's own).
-#: One: batches produced from several threads can interleave their rows, and a batch that fails
-#: is sent again after later ones were delivered; either puts a key's events out of order on the
-#: topic (``tests/integration/test_relay.py`` caught it under load with 8).
+#: Batches produced at once, on the relay's own thread. One: batches produced from several threads
+#: can interleave their rows, and a batch that fails is sent again after later ones were
+#: delivered; either puts a key's events out of order on the topic
+#: (``tests/integration/test_relay.py`` caught it under load with 8).
 _IN_FLIGHT = 1
 _BATCH_OVERHEAD = 1024  # what a record batch adds to its records, with room to spare (Kafka: 61 bytes + per record)
 
@@ -167,7 +166,6 @@ class Relay:
         self._waiters = 0  # wait_acked calls waiting now: a delivered intent wakes them
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._fit_lock = threading.Lock()  # one batch at a time fits the producer to the topic
         store.add_listener(self._appended)
         self.metrics = metrics  # a LedgerMetrics: the outbox depth is read at scrape time, free here
         if metrics is not None:
@@ -228,76 +226,51 @@ class Relay:
                     pass
 
     async def send_all(self, max_batches: int | None = None, progress: Callable[[int], None] | None = None) -> int:
-        """Send unsent rows batch by batch until none are left (or ``max_batches``). Up to
-        ``_IN_FLIGHT`` batches are produced at once; they are settled in order: a batch's rows are
-        marked sent once all its delivery reports came back, and the watermark (``_advance``) passes
-        a batch only when every batch before it is settled. A batch that failed stops new ones; the
-        others in flight are settled first (their acknowledged rows marked sent), then it raises."""
+        """Send unsent rows batch by batch until none are left (or ``max_batches``), one batch at a
+        time (``_IN_FLIGHT``). Pipelined: the rows of batch N are marked sent (on the database's
+        thread) while batch N+1 is produced (on the relay's thread); a batch is marked only after
+        all its delivery reports came back, and its acknowledged rows are marked even when others
+        of it failed (those are sent again)."""
         loop = self._loop = asyncio.get_running_loop()
         if self._pool is None:
+            # A thread of its own: a batch never queues behind the loop's other threaded work.
             self._pool = ThreadPoolExecutor(_IN_FLIGHT, thread_name_prefix="effect-ledger-relay")
         total = 0
         batches = 0
         after = 0
-        inflight: deque[tuple[list[tuple[int, str, str, bytes]], asyncio.Future[_Produced]]] = deque()
-        failure: str | None = None
+        marking: asyncio.Future[None] | None = None
         try:
-            while True:
-                self._wake.clear()  # before looking for rows: one appended meanwhile sets it again
-                while (
-                    failure is None
-                    and len(inflight) < _IN_FLIGHT
-                    and (max_batches is None or batches + len(inflight) < max_batches)
-                ):
-                    rows = await self.store.unsent(self.batch, after)
-                    if not rows:
-                        break
-                    inflight.append((rows, loop.run_in_executor(self._pool, self._send, rows)))
-                    after = rows[-1][0]
-                if not inflight:
+            while max_batches is None or batches < max_batches:
+                rows = await self.store.unsent(self.batch, after)
+                if not rows:
                     break
-                oldest = inflight[0][1]
-                if failure is None and len(inflight) < _IN_FLIGHT and (max_batches is None or batches < max_batches):
-                    # The oldest batch, or new rows to send beside it (a stuck partition's batch
-                    # must not hold back a sync caller's intent on another).
-                    woken = asyncio.ensure_future(self._wake.wait())
-                    try:
-                        either: set[asyncio.Future[Any]] = {oldest, woken}
-                        await asyncio.wait(either, timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        woken.cancel()
-                else:
-                    await asyncio.wait({oldest})
-                while inflight and inflight[0][1].done():
-                    rows, fut = inflight.popleft()
-                    produced = fut.result()
-                    if produced.refused and produced.error is None:
-                        await self._dead_letter(rows, produced.refused)
-                    if produced.acked:
-                        await self.store.mark_sent(produced.acked)
-                    total += len(produced.acked)
-                    self.stats.sent += len(produced.acked)
-                    if produced.error is not None:
-                        missing = len(rows) - len(produced.acked) - len(produced.refused)
-                        failure = failure or f"{missing} of {len(rows)} events not acknowledged: {produced.error}"
-                        continue
-                    batches += 1
-                    self.stats.batches += 1
-                    if failure is None:
-                        await self._advance(rows[-1][0])  # on Kafka: a sync waiter may go on
-                    if progress is not None:
-                        progress(total)
-        finally:
-            # Nothing is left producing when this returns: a retry must not send rows twice at once.
-            for _, fut in inflight:
+                producing = loop.run_in_executor(self._pool, self._send, rows)
                 try:
-                    produced = await fut
-                    if produced.acked:
-                        await self.store.mark_sent(produced.acked)
-                except Exception:  # noqa: BLE001 - the first error is the one raised
-                    pass
-        if failure is not None:
-            raise RuntimeError(failure)
+                    if marking is not None:
+                        await marking
+                        marking = None
+                finally:
+                    # Nothing is left producing when this returns: a retry must not send rows
+                    # twice at once.
+                    produced = await producing
+                if produced.refused and produced.error is None:
+                    await self._dead_letter(rows, produced.refused)
+                if produced.acked:
+                    marking = asyncio.ensure_future(self.store.mark_sent(produced.acked))
+                total += len(produced.acked)
+                self.stats.sent += len(produced.acked)
+                if produced.error is not None:
+                    missing = len(rows) - len(produced.acked) - len(produced.refused)
+                    raise RuntimeError(f"{missing} of {len(rows)} events not acknowledged: {produced.error}")
+                after = rows[-1][0]
+                batches += 1
+                self.stats.batches += 1
+                await self._advance(after)  # on Kafka: a sync waiter may go on
+                if progress is not None:
+                    progress(total)
+        finally:
+            if marking is not None:
+                await marking
         if total == 0:
             # Another relay on the same file (a second agent, `effects relay --db`) may have sent
             # rows this one was waiting for: a row is marked sent only after some relay's ack.
@@ -324,15 +297,12 @@ class Relay:
         wire = self._wire_codec()
         rows = [(seq, key, kind, wire.to_wire(body)) for seq, key, kind, body in rows] if wire.frame_writes else rows
         if not self._fitted and time.monotonic() >= self._next_fit:
-            with self._fit_lock:
-                if not self._fitted:
-                    self._fit_topic_limit()
+            self._fit_topic_limit()
         first = self._produce(rows)
         if not first.by_broker or first.error is not None:
             return _Produced(first.acked, first.refused + first.by_broker, [], first.error)
         log.warning("the broker refused %d rows with their batches; sending them again", len(first.by_broker))
-        with self._fit_lock:
-            self._fit_topic_limit()
+        self._fit_topic_limit()
         by_seq = {r[0]: r for r in rows}
         again = self._produce([by_seq[seq] for seq, _ in first.by_broker])
         acked, refused, error = first.acked + again.acked, first.refused + again.refused, again.error
@@ -440,8 +410,7 @@ class Relay:
                         raise
                     refused.append((seq, _refusal(len(body), err)))
                     break
-        # This batch's own reports, not the producer's whole queue (``flush``): another batch's
-        # partition may be waiting for a new leader. Any thread's poll serves any batch's reports.
+        # Until this batch's own reports are in (counted, so a stop ends the wait at once).
         while reports < produced:
             if self._stop.is_set():
                 break
