@@ -7,7 +7,8 @@ agents run refunds at ``--rate`` each while the nemesis (``tests.chaos.nemesis``
 time: kills, pauses, network partitions and clock skews. Then every fault is healed, the agents stop,
 the system drains, and the checker (``tests.chaos.check``) reads the histories, the destinations'
 records and ``effects.state``. The report goes to ``--out``: ``chaos-report.md``, ``chaos-report.json``
-and ``chaos.png`` (calls per second, faults shaded). Exit status 0: no anomaly; 1: an anomaly; 2: the
+and ``chaos.png`` (calls per second, faults shaded); after an anomaly also ``hosts/``, the agent
+hosts' ledger files (``effects trace KEY --db OUT/hosts/host-a.db``). Exit status 0: no anomaly; 1: an anomaly; 2: the
 run could not be made (not root, no Java, a cluster that did not come up).
 
 ``--short`` runs one fault of each kind (about 6 minutes, the variant ``make test`` runs); without it
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"seed {seed} (replay: {replay})")
     wd = Path(tempfile.mkdtemp(prefix="chaos-"))
     world: World | None = None
+    code = 2
     try:
         progress("network namespaces and a 3-broker cluster")
         net.up()
@@ -112,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
         world.wait_ready()
         progress("workers ready; agent hosts start")
         world.start_agents()
-        return run(a, world, rng, seed, out, replay)
+        code = run(a, world, rng, seed, out, replay)
+        return code
     except KeyboardInterrupt:
         print("chaos: interrupted", file=sys.stderr)
         return 130
@@ -128,6 +131,12 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, out / "logs" / log.name)
             for h in wd.glob("history-*.jsonl"):
                 shutil.copy(h, out / h.name)
+            if code == 1:
+                # An anomaly: the agent hosts' own ledger files say what each host wrote and sent
+                # (``effects trace KEY --db OUT/hosts/host-a.db``); a passing run does not keep them.
+                (out / "hosts").mkdir(exist_ok=True)
+                for db in wd.glob("*.db*"):
+                    shutil.copy(db, out / "hosts" / db.name)
         if not a.keep:
             try:
                 net.down()
