@@ -8,8 +8,8 @@ time: kills, pauses, network partitions and clock skews. Then every fault is hea
 the system drains, and the checker (``tests.chaos.check``) reads the histories, the destinations'
 records and ``effects.state``. The report goes to ``--out``: ``chaos-report.md``, ``chaos-report.json``
 and ``chaos.png`` (calls per second, faults shaded); after an anomaly also ``hosts/``, the agent
-hosts' ledger files (``effects trace KEY --db OUT/hosts/host-a.db``). Exit status 0: no anomaly; 1: an anomaly; 2: the
-run could not be made (not root, no Java, a cluster that did not come up).
+hosts' ledger files (``effects trace KEY --db OUT/hosts/host-a.db``). Exit status 0: no anomaly;
+1: an anomaly; 2: the run could not be made (not root, no Java, a cluster that did not come up).
 
 ``--short`` runs one fault of each kind (about 6 minutes, the variant ``make test`` runs); without it
 the faults cycle, each kind in a random order per round, for ``--minutes``. Needs root (``ip netns``,

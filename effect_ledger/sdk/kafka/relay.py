@@ -9,9 +9,11 @@ Order of durable writes, per batch:
 3. wait for every delivery report;
 4. only then mark the delivered rows sent.
 
-A batch is produced in a thread of the relay's own and settled before the next is produced
-(``_IN_FLIGHT``), so a key's events never pass one another on the topic; a ``sync`` caller's intent
-is acknowledged as soon as its own delivery report is in (``wait_acked``).
+A batch is produced in a thread of the relay's own and settled before the next is produced, so a
+key's events never pass one another on the topic (batches produced from several threads interleave
+their rows, and a failed one would be sent again after later ones were delivered:
+``tests/integration/test_relay.py`` caught it under load); a ``sync`` caller's intent is
+acknowledged as soon as its own delivery report is in (``wait_acked``).
 
 A crash between 3 and 4 sends those rows again on restart: at-least-once, and harmless, because
 every event carries its ``event_id`` and the fold ignores one it has seen. While the broker is down
@@ -108,11 +110,6 @@ class RelayStats:
 
 
 _MAX_OFFSETS = 10_000  # intents' offsets kept for claim waiters (they ask within a second)
-#: Batches produced at once, on the relay's own thread. One: batches produced from several threads
-#: can interleave their rows, and a batch that fails is sent again after later ones were
-#: delivered; either puts a key's events out of order on the topic
-#: (``tests/integration/test_relay.py`` caught it under load with 8).
-_IN_FLIGHT = 1
 _BATCH_OVERHEAD = 1024  # what a record batch adds to its records, with room to spare (Kafka: 61 bytes + per record)
 
 
@@ -162,7 +159,7 @@ class Relay:
         # seq -> (partition, offset) of the intents this relay delivered: an agent waits for the
         # processor to have folded its own intent's offset (a claim). The newest _MAX_OFFSETS only.
         self._offsets: dict[int, tuple[int, int] | None] = {}
-        self._offsets_lock = threading.Lock()  # delivery reports add to it from the batches' threads
+        self._offsets_lock = threading.Lock()  # delivery reports add on the relay's thread; _advance prunes
         self._waiters = 0  # wait_acked calls waiting now: a delivered intent wakes them
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
@@ -227,14 +224,14 @@ class Relay:
 
     async def send_all(self, max_batches: int | None = None, progress: Callable[[int], None] | None = None) -> int:
         """Send unsent rows batch by batch until none are left (or ``max_batches``), one batch at a
-        time (``_IN_FLIGHT``). Pipelined: the rows of batch N are marked sent (on the database's
-        thread) while batch N+1 is produced (on the relay's thread); a batch is marked only after
-        all its delivery reports came back, and its acknowledged rows are marked even when others
-        of it failed (those are sent again)."""
+        time (see the module docstring). Pipelined: the rows of batch N are marked sent (on the
+        database's thread) while batch N+1 is produced (on the relay's thread); a batch is marked
+        only after all its delivery reports came back, and its acknowledged rows are marked even
+        when others of it failed (those are sent again)."""
         loop = self._loop = asyncio.get_running_loop()
         if self._pool is None:
             # A thread of its own: a batch never queues behind the loop's other threaded work.
-            self._pool = ThreadPoolExecutor(_IN_FLIGHT, thread_name_prefix="effect-ledger-relay")
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-relay")
         total = 0
         batches = 0
         after = 0
