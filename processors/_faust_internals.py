@@ -75,6 +75,16 @@ Why each is needed (faust 0.15.3 has no public way):
   last record's offset + 1. Positions are read from aiokafka's subscription state
   (``AIOKafkaConsumer._subscription``), aiokafka's own record of them, without ``position()``'s
   wait for one.
+* ``confirm_membership``: a worker cut off from the group's coordinator (or paused) keeps believing
+  it owns its partitions until a heartbeat's answer says otherwise, and aiokafka waits for a
+  heartbeat sent into the cut up to the request timeout (90 s): meanwhile the group gave its
+  partitions to another worker, while this one's fetches and writes still go through once the
+  network heals, folding records after their owner and writing older table values after its newer
+  ones. aiokafka says nothing public of when the coordinator last confirmed the membership, so the
+  consumer's group coordinator (``AIOKafkaConsumer._coordinator``) is wrapped on the instance:
+  ``_on_join_complete`` (a join's SyncGroup answered: the coordinator restarted the member's
+  session), ``_do_heartbeat`` (True: answered for the member's generation, timed from when it was
+  sent) and ``reset_generation`` (the member is no longer one).
 * ``refused_authorization``: faust's crash keeps the Kafka client's own exception (aiokafka's
   ``TopicAuthorizationFailedError`` carries the refused topics as its first argument), the only
   place that says which right the ACLs took away when a commit or fetch is refused.
@@ -85,6 +95,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 import types
 import weakref
 from collections.abc import Callable, Coroutine, Generator, Iterator
@@ -245,6 +256,60 @@ async def rewind_unmoved(aio: Any, spans: dict[Any, tuple[int, int]]) -> list[An
             aio.seek(tp, first)
             rewound.append(tp)
     return rewound
+
+
+class Membership:
+    """When the group's coordinator last confirmed this worker a member (``heard``: monotonic
+    seconds, None while it is not one), kept by ``confirm_membership``. The coordinator keeps a
+    member for its session timeout after the last heartbeat that reached it, so a member heard less
+    than that long ago cannot have been replaced yet."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.heard: float | None = None
+
+    def age(self) -> float | None:
+        """Seconds since the coordinator last confirmed the membership (None: not a member)."""
+        return None if self.heard is None else self.clock() - self.heard
+
+    def confirmed(self, at: float) -> None:
+        self.heard = at if self.heard is None else max(self.heard, at)
+
+
+def confirm_membership(app: faust.App, membership: Membership) -> None:
+    """Keep ``membership`` told of what the group's coordinator says of this worker (module
+    docstring). Idempotent; call when partitions are assigned (the coordinator exists by then): the
+    join that assigned them is heard then, the later ones as they complete."""
+    consumer: Any = app.consumer
+    coordinator = consumer._thread._consumer._coordinator
+    if getattr(coordinator, "_effect_ledger_membership", None) is membership:
+        return
+    membership.confirmed(membership.clock())  # this join's answer came just before its assignment
+    join = coordinator._on_join_complete
+    beat = coordinator._do_heartbeat
+    reset = coordinator.reset_generation
+
+    async def on_join_complete(*args: Any, **kwargs: Any) -> Any:
+        membership.confirmed(membership.clock())  # the SyncGroup answer just came
+        return await join(*args, **kwargs)
+
+    async def do_heartbeat() -> Any:
+        sent, generation = membership.clock(), coordinator.generation
+        ok = await beat()
+        # True also while the group rebalances: the member stays one until it rejoins (and is
+        # revoked first) or its rebalance timeout runs out (then a later heartbeat is refused).
+        if ok and coordinator.generation == generation and membership.heard is not None:
+            membership.confirmed(sent)
+        return ok
+
+    def reset_generation() -> Any:
+        membership.heard = None
+        return reset()
+
+    coordinator._on_join_complete = on_join_complete
+    coordinator._do_heartbeat = do_heartbeat
+    coordinator.reset_generation = reset_generation
+    coordinator._effect_ledger_membership = membership
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

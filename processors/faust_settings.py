@@ -13,6 +13,10 @@ BATCH_MAX = 2000
 BATCH_WITHIN_S = 0.005
 #: How long the group waits for a silent worker before its partitions go to the others.
 SESSION_TIMEOUT_S = 10.0
+#: A worker folds only while the group's coordinator confirmed it a member less than this long ago
+#: (``faust_internals.Membership``): its session then has at least the other half to run, time for
+#: the batch to be written before the group can give its partitions to another worker.
+MEMBER_FOR_S = SESSION_TIMEOUT_S / 2
 #: How long the group waits for a member to rejoin during a rebalance (faust's default), and, by
 #: default, how long a worker whose partitions are revoked, or that is told to stop, waits at most
 #: for the batch it is writing (half of it: the consumer keeps heartbeating meanwhile, and the

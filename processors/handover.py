@@ -12,7 +12,12 @@ acknowledged, so a stopping worker committed events whose fold never reached Kaf
 * past that wait, the batch never counts as processed, even if it ends later;
 * after a revocation, events of the revoked partitions (still in faust's take buffer) are not
   folded; after a stop, no event is;
-* a batch that raised (cancelled, or Kafka refused a record) never counts as processed either.
+* a batch that raised (cancelled, or Kafka refused a record) never counts as processed either;
+* a batch is folded only while the worker knows itself a member of the group (``member``: the
+  coordinator confirmed it recently enough that its session cannot have expired). Otherwise the
+  group may have given its partitions to another worker, which folds the same events: this one's
+  writes would land after the owner's. The fold waits until the coordinator confirms it again,
+  or its partitions are revoked (their events are then left to the next owner), or it stops.
 
 "Never counts as processed" is ``leave``: faust will not acknowledge the event
 (``faust_internals.leave_unacknowledged``), so the group's commit stays before it and the
@@ -35,7 +40,9 @@ class Handover:
 
     ``leave``: mark an event never to be acknowledged; ``forget``: drop what the worker holds about
     partitions it no longer owns (its deadline index and cache), run once a revocation took effect;
-    ``clock``: monotonic seconds (the log says how long a wait took)."""
+    ``clock``: monotonic seconds (the log says how long a wait took); ``member``: whether the
+    worker knows itself a member of its group now (``why_not_member``: in the log's words, why not);
+    ``poll_s``: how often a held fold looks again."""
 
     def __init__(
         self,
@@ -43,11 +50,17 @@ class Handover:
         leave: Callable[[Any], None],
         forget: Callable[[], None],
         clock: Callable[[], float] = time.monotonic,
+        member: Callable[[], bool] = lambda: True,
+        why_not_member: Callable[[], str] = lambda: "",
+        poll_s: float = 0.05,
     ) -> None:
         self.drain_s = drain_s
         self._leave = leave
         self._forget = forget
         self._clock = clock
+        self._member = member
+        self._why_not_member = why_not_member
+        self._poll_s = poll_s
         self._lock = asyncio.Lock()  # held while a batch is folded and written
         self.revoked: frozenset[Any] = frozenset()  # revoked from this worker, not assigned to it again
         self.stopping = False  # the worker stops: no batch is folded any more
@@ -58,6 +71,7 @@ class Handover:
         """Fold the events the block is given (those the worker may still fold), with no
         revocation or stop taking effect meanwhile; if the block raises, none of ``events`` counts
         as processed."""
+        await self._until_member()
         async with self._lock:
             revoked = self.revoked
             if self.stopping:
@@ -78,6 +92,24 @@ class Handover:
                 self._in_flight = ()
             if self.revoked is not revoked:  # revoked meanwhile: the wait for this batch had run out
                 self._forget()
+
+    async def _until_member(self) -> None:
+        """Wait until the worker knows itself a member of its group again, or stops (a revocation
+        meanwhile is applied once the lock is taken)."""
+        if self._member() or self.stopping:
+            return
+        log.warning("holding the fold: %s; its partitions may be another worker's now", self._why_not_member())
+        began, revoked = self._clock(), self.revoked
+        while not self._member() and not self.stopping:
+            await asyncio.sleep(self._poll_s)
+        then = (
+            "the worker stops"
+            if self.stopping
+            else "its partitions were revoked meanwhile"
+            if self.revoked is not revoked
+            else "the group confirmed it a member"
+        )
+        log.info("fold held for %.1f s, until %s", self._clock() - began, then)
 
     def _left(self, events: Sequence[Any], gone: Callable[[Any], bool]) -> list[Any]:
         keep = []

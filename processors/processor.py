@@ -25,7 +25,10 @@ record and state, in case the crash came before they were delivered):
 Letting partitions go (``handover``): a worker whose partitions are revoked, or that is told to
 stop, waits for the batch it is folding and writing (at most ``drain_s``) before faust rejoins or
 leaves the group, and folds nothing of theirs afterwards; a batch that is not written to the end is
-never acknowledged, so its events are folded again by their next owner.
+never acknowledged, so its events are folded again by their next owner. A worker folds (and its
+timer acts) only while the group's coordinator confirmed it a member less than ``MEMBER_FOR_S``
+ago (``faust_internals.Membership``): cut off from the coordinator, or paused, it cannot know that
+the group has not given its partitions to another worker, and holds its fold meanwhile.
 
 Claims: folding the first intent of an attempt (in the partition's order), the fold records a
 ``Claimed`` verdict naming it, in the same table write (``batch.fold_key``, ``effect.claim_verdict``);
@@ -96,7 +99,13 @@ from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.batch_writer import CLIENT_ID as FOLD_CLIENT_ID
 from effect_ledger.processors.batch_writer import BatchWriter
 from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
-from effect_ledger.processors.faust_settings import BATCH_MAX, BATCH_WITHIN_S, DRAIN_S, throughput_settings
+from effect_ledger.processors.faust_settings import (
+    BATCH_MAX,
+    BATCH_WITHIN_S,
+    DRAIN_S,
+    MEMBER_FOR_S,
+    throughput_settings,
+)
 from effect_ledger.processors.handover import Handover
 from effect_ledger.processors.lookup_route import LookupRoute
 from effect_ledger.sdk.kafka.claims import Watermarks
@@ -283,7 +292,14 @@ class LedgerProcessor:
             sleep=self._until_next_batch,
         )
         self._batch_done = asyncio.Event()  # set (and replaced) after every batch: lookups wait on it
-        self.handover = Handover(self.s.drain_s, faust_internals.leave_unacknowledged, self._forget_partitions)
+        self.membership = faust_internals.Membership()
+        self.handover = Handover(
+            self.s.drain_s,
+            faust_internals.leave_unacknowledged,
+            self._forget_partitions,
+            member=self._member,
+            why_not_member=self._why_not_member,
+        )
         self.app.before_stop = self._stopping
         self._register()
 
@@ -355,6 +371,7 @@ class LedgerProcessor:
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust passes the assigned set too
         async def assigned(_app: Any, assigned: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_assigned", "assigned", assigned)
+            faust_internals.confirm_membership(app, self.membership)
             self.handover.assign(frozenset(assigned))
 
         processor = self
@@ -442,6 +459,8 @@ class LedgerProcessor:
             return "the workers' group is rebalancing (a worker or the group's coordinator came or went)"
         if self.app.in_recovery:
             return "the processor is recovering its table after a rebalance"
+        if not self._member():
+            return self._why_not_member()
         return "the processor is taking on its new partitions"
 
     @property
@@ -455,9 +474,22 @@ class LedgerProcessor:
             and not app.in_recovery
             and not app.rebalancing
             and self.index.assigned == self._assigned()
+            and self._member()
         )
         self._served = self._served or ready  # once ready, a later refusal is not "starting"
         return ready
+
+    def _member(self) -> bool:
+        """Whether the group's coordinator confirmed this worker a member recently enough that its
+        session cannot have expired (its partitions are its own): only then does it fold or act."""
+        age = self.membership.age()
+        return age is not None and age < MEMBER_FOR_S
+
+    def _why_not_member(self) -> str:
+        age = self.membership.age()
+        if age is None:
+            return "this worker is not a member of the workers' group"
+        return f"the workers' group has not confirmed this worker a member for {age:.0f} s"
 
     def _assigned(self) -> frozenset[int]:
         return frozenset(

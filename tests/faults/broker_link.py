@@ -7,6 +7,10 @@ child exchanges with Kafka is real. ``cut()`` closes every connection and refuse
 child, the broker is gone; the shared broker and everyone else see nothing. ``hold(client_id)``
 stalls only the requests of the child's Kafka client of that ``client.id`` (read from the first
 request header of each connection) until ``release()``: to that one client, the broker is very slow.
+``hold_requests(api_keys)`` stalls, on any connection, the requests of those Kafka API keys (and
+what follows them on that connection) until ``release_requests()``: with the group's keys, the
+coordinator no longer hears the child while its fetches and writes go on. ``requests`` counts the
+requests of each API key that went through.
 
 Needs ``unshare -n`` (root) or ``unshare -rn`` (unprivileged user namespaces); ``available()`` says.
 
@@ -34,6 +38,35 @@ def client_id(first: bytes) -> str | None:
         return None
     (n,) = struct.unpack(">h", first[12:14])
     return first[14 : 14 + n].decode(errors="replace") if n >= 0 and len(first) >= 14 + n else None
+
+
+class Frames:
+    """The Kafka requests one connection carries, whatever the reads cut them into: ``feed`` says the
+    API key of each request that starts in ``data`` (a request is a 4-byte size, then its header,
+    whose first field is the API key)."""
+
+    def __init__(self) -> None:
+        self._head = b""  # the start of a request whose size and API key are not complete yet
+        self._left = 0  # bytes of the current request still to come
+
+    def feed(self, data: bytes) -> list[int]:
+        keys = []
+        i = 0
+        while i < len(data):
+            if self._left:
+                step = min(self._left, len(data) - i)
+                self._left -= step
+                i += step
+                continue
+            need = 6 - len(self._head)
+            self._head += data[i : i + need]
+            i += min(need, len(data) - i)
+            if len(self._head) == 6:
+                size, key = struct.unpack(">ih", self._head)
+                keys.append(key)
+                self._left = size - 2  # the API key is the size's first 2 bytes
+                self._head = b""
+        return keys
 
 
 def _pump(src: socket.socket, dst: socket.socket, gate: Callable[[bytes], None] | None = None) -> None:
@@ -73,6 +106,10 @@ class Forwarder:
         self._unheld = threading.Event()
         self._unheld.set()
         self.holding = threading.Event()  # set once a held client's request is waiting
+        self._held_keys: frozenset[int] = frozenset()  # API keys whose requests wait (``hold_requests``)
+        self.holding_requests = threading.Event()  # set once a request of a held API key is waiting
+        self._keys_released = threading.Event()
+        self.requests: dict[int, int] = {}  # API key -> requests that went through
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _gate(self, data: bytes) -> None:
@@ -86,6 +123,7 @@ class Forwarder:
     def _requests_gate(self) -> Callable[[bytes], None]:
         """The gate of one connection's requests: it learns the client from the first one."""
         ident: list[str | None] = []
+        frames = Frames()
 
         def gate(data: bytes) -> None:
             if not ident:
@@ -93,6 +131,13 @@ class Forwarder:
             while ident[0] is not None and ident[0] == self._held and not self._unheld.is_set():
                 self.holding.set()
                 self._unheld.wait(0.1)
+            keys = frames.feed(data)
+            while self._held_keys.intersection(keys):
+                self.holding_requests.set()
+                self._keys_released.wait(0.1)
+            with self._lock:
+                for key in keys:
+                    self.requests[key] = self.requests.get(key, 0) + 1
 
         return gate
 
@@ -106,6 +151,23 @@ class Forwarder:
     def release(self) -> None:
         """Let the held requests through, in the order they came."""
         self._unheld.set()
+
+    def hold_requests(self, api_keys: frozenset[int]) -> None:
+        """From now on, a request of one of ``api_keys`` waits, with whatever follows it on its
+        connection, until ``release_requests()``; other connections' requests go through."""
+        self.holding_requests.clear()
+        self._keys_released.clear()
+        self._held_keys = api_keys
+
+    def release_requests(self) -> None:
+        """Let the requests held by API key through, in the order they came."""
+        self._held_keys = frozenset()
+        self._keys_released.set()
+
+    def count(self, api_key: int) -> int:
+        """Requests of ``api_key`` that went through so far."""
+        with self._lock:
+            return self.requests.get(api_key, 0)
 
     def _accept(self) -> None:
         while True:
@@ -130,6 +192,8 @@ class Forwarder:
     def cut(self) -> None:
         self._released.set()
         self._unheld.set()
+        self._held_keys = frozenset()
+        self._keys_released.set()
         with self._lock:
             self._cut = True
             self._listener.close()

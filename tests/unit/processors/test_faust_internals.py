@@ -462,3 +462,71 @@ def test_refused_authorization_reads_the_topics_aiokafka_names_down_the_chain() 
     assert faust_internals.refused_authorization(one) == ("topic", ("p.effects.events",))
     assert faust_internals.refused_authorization(GroupAuthorizationFailedError()) == ("group", ())
     assert faust_internals.refused_authorization(IllegalStateError("x")) is None
+
+
+def test_aiokafka_confirms_membership_where_confirm_membership_listens() -> None:
+    """``confirm_membership`` wraps the coordinator's calls that say what the group thinks of the
+    worker (aiokafka 0.14.0): a join completes through ``_on_join_complete`` before the heartbeats
+    start again, each heartbeat goes through ``_do_heartbeat``, and a lost membership through
+    ``reset_generation``; the consumer thread keeps its aiokafka consumer as ``_consumer``."""
+    import inspect
+
+    import aiokafka
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+
+    assert aiokafka.__version__ == faust_internals.AIOKAFKA_VERSION
+    rejoin = inspect.getsource(GroupCoordinator._do_rejoin_group)
+    assert "await self._on_join_complete(" in rejoin
+    active = inspect.getsource(GroupCoordinator.ensure_active_group)
+    assert active.index("await self._do_rejoin_group(") < active.index("self._start_heartbeat_task()")
+    assert "success = await self._do_heartbeat()" in inspect.getsource(GroupCoordinator._heartbeat_routine)
+    beat = inspect.getsource(GroupCoordinator._do_heartbeat)
+    assert beat.count("self.reset_generation()") == 2  # an unknown member, a stale generation
+    assert "self._consumer = self._create_consumer(" in inspect.getsource(AIOKafkaConsumerThread.on_start)
+
+
+def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a_reset(tmp_path: Path) -> None:
+    now = [100.0]
+
+    class Coordinator:
+        generation = 3
+        answer = True
+
+        async def _on_join_complete(self, generation: int, *args: Any) -> str:
+            self.generation = generation
+            return "joined"
+
+        async def _do_heartbeat(self) -> bool:
+            now[0] += 4.0  # the answer takes 4 s: the session counts from when it was sent
+            return self.answer
+
+        def reset_generation(self) -> None:
+            self.generation = -1
+
+    coordinator = Coordinator()
+    app = faust.App("membership", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    app.consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)
+    membership = faust_internals.Membership(clock=lambda: now[0])
+    assert membership.age() is None
+
+    async def scenario() -> None:
+        faust_internals.confirm_membership(app, membership)  # the first assignment: heard now
+        faust_internals.confirm_membership(app, membership)  # idempotent
+        assert membership.age() == 0
+        now[0] = 107.0
+        assert await coordinator._do_heartbeat() is True
+        assert membership.heard == 107.0 and membership.age() == 4.0  # sent at 107, answered at 111
+        coordinator.answer = False  # not answered for the member: nothing heard
+        assert await coordinator._do_heartbeat() is False
+        assert membership.heard == 107.0
+        coordinator.reset_generation()  # the coordinator no longer knows the member
+        assert coordinator.generation == -1 and membership.age() is None
+        coordinator.answer = True  # an answer of the old generation does not make it one again
+        await coordinator._do_heartbeat()
+        assert membership.age() is None
+        now[0] = 200.0
+        assert await coordinator._on_join_complete(4, "member", "protocol", b"") == "joined"
+        assert membership.heard == 200.0 and coordinator.generation == 4
+
+    asyncio.run(scenario())

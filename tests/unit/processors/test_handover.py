@@ -164,3 +164,77 @@ def test_past_the_drain_the_batch_in_flight_never_counts_as_processed(signal: st
             assert w.log == ["forget", "forget"]  # what the late batch cached is forgotten too
 
     assert run(body, drain_s=0.1).left == batch
+
+
+class Member:
+    """Whether the worker knows itself a member of its group, as the test says."""
+
+    def __init__(self) -> None:
+        self.now = False
+
+    def __call__(self) -> bool:
+        return self.now
+
+
+def held_world(drain_s: float = 5.0) -> tuple[World, Member]:
+    w, member = World(drain_s), Member()
+    w.h = Handover(drain_s, w.left.append, lambda: w.log.append("forget"), member=member, poll_s=0.01)
+    return w, member
+
+
+def test_a_worker_not_known_a_member_holds_its_fold_until_the_group_confirms_it() -> None:
+    batch = [ev(P0, 1), ev(P1, 1)]
+    w, member = held_world()
+
+    async def body() -> None:
+        async def fold() -> None:
+            async with w.h.batch(batch) as events:
+                w.log.append(f"fold {len(events)}")
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0.05)
+        assert w.log == [] and not folding.done()  # held: its partitions may be another worker's
+        member.now = True
+        await folding
+        assert w.log == ["fold 2"]
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+    assert w.left == []
+
+
+def test_a_held_fold_leaves_the_partitions_revoked_meanwhile_to_their_next_owner() -> None:
+    a, b = ev(P0, 7), ev(P1, 3)
+    w, member = held_world()
+
+    async def body() -> None:
+        async def fold() -> list[Any]:
+            async with w.h.batch([a, b]) as events:
+                return events
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0.05)
+        await w.h.revoke(frozenset({P0}))  # the rejoin: a revocation does not wait for a held fold
+        w.h.assign(frozenset({P1}))
+        member.now = True  # the join that followed confirmed it
+        assert await folding == [b]
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+    assert w.left == [a]
+
+
+def test_a_held_fold_folds_nothing_when_the_worker_stops() -> None:
+    a = ev(P0, 7)
+    w, _ = held_world()
+
+    async def body() -> None:
+        async def fold() -> list[Any]:
+            async with w.h.batch([a]) as events:
+                return events
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0.05)
+        await w.h.stop()  # never confirmed a member again
+        assert await folding == []
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+    assert w.left == [a]
