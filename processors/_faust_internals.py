@@ -270,21 +270,23 @@ class Membership:
 
     def age(self) -> float | None:
         """Seconds since the coordinator last confirmed the membership (None: not a member)."""
-        return None if self.heard is None else self.clock() - self.heard
+        heard = self.heard  # read once: the consumer's thread may reset it meanwhile
+        return None if heard is None else self.clock() - heard
 
     def confirmed(self, at: float) -> None:
-        self.heard = at if self.heard is None else max(self.heard, at)
+        heard = self.heard
+        self.heard = at if heard is None else max(heard, at)
 
 
-def confirm_membership(app: faust.App, membership: Membership) -> None:
+def confirm_membership(app: faust.App, membership: Membership) -> bool:
     """Keep ``membership`` told of what the group's coordinator says of this worker (module
-    docstring). Idempotent; call when partitions are assigned (the coordinator exists by then): the
-    join that assigned them is heard then, the later ones as they complete."""
+    docstring). Idempotent; call from faust's rebalance signals (the coordinator exists by then: it
+    calls them): the revocation before a join, so that the join is heard as it completes. True when
+    it was installed by this call (from an assignment: that join was missed, the caller counts it)."""
     consumer: Any = app.consumer
     coordinator = consumer._thread._consumer._coordinator
     if getattr(coordinator, "_effect_ledger_membership", None) is membership:
-        return
-    membership.confirmed(membership.clock())  # this join's answer came just before its assignment
+        return False
     join = coordinator._on_join_complete
     beat = coordinator._do_heartbeat
     reset = coordinator.reset_generation
@@ -310,6 +312,7 @@ def confirm_membership(app: faust.App, membership: Membership) -> None:
     coordinator._do_heartbeat = do_heartbeat
     coordinator.reset_generation = reset_generation
     coordinator._effect_ledger_membership = membership
+    return True
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

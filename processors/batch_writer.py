@@ -81,6 +81,10 @@ class BatchWriter:
         """An output record (in the order given)."""
         self._records.append((topic, partition, key, value, headers))
 
+    def discard(self) -> None:
+        """Forget what was collected and not written yet (a batch given up before its writes)."""
+        self._table, self._records = {}, []
+
     async def flush(self) -> None:
         """Write everything collected, in the module docstring's order; return once Kafka has
         acknowledged every record. Raises ``OutputRefused`` when Kafka refused one for good."""

@@ -17,7 +17,11 @@ acknowledged, so a stopping worker committed events whose fold never reached Kaf
   coordinator confirmed it recently enough that its session cannot have expired). Otherwise the
   group may have given its partitions to another worker, which folds the same events: this one's
   writes would land after the owner's. The fold waits until the coordinator confirms it again,
-  or its partitions are revoked (their events are then left to the next owner), or it stops.
+  or its partitions are revoked (their events are then left to the next owner), or it stops. A
+  revocation during that wait leaves the whole batch (``revoke`` then ``assign`` of the same
+  partition: it is read again from the group's commit, against its recovered table). The writes
+  of a batch are held the same way if the worker stopped knowing itself a member while it folded
+  (``confirmed``), and given up when a revocation or a stop waits for the batch.
 
 "Never counts as processed" is ``leave``: faust will not acknowledge the event
 (``faust_internals.leave_unacknowledged``), so the group's commit stays before it and the
@@ -33,6 +37,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+class LetGo(Exception):
+    """A batch not written because its partitions are being let go (``Handover.confirmed``): its
+    events are left to their next owner; the fold goes on with the next batch."""
 
 
 class Handover:
@@ -65,16 +74,22 @@ class Handover:
         self.revoked: frozenset[Any] = frozenset()  # revoked from this worker, not assigned to it again
         self.stopping = False  # the worker stops: no batch is folded any more
         self._in_flight: Sequence[Any] = ()
+        self._revocations = 0  # revocations so far (a held batch learns of one that came meanwhile)
+        self._waiting = 0  # revocations and stops waiting for the batch in flight
 
     @contextlib.asynccontextmanager
     async def batch(self, events: Sequence[Any]) -> AsyncIterator[list[Any]]:
         """Fold the events the block is given (those the worker may still fold), with no
         revocation or stop taking effect meanwhile; if the block raises, none of ``events`` counts
         as processed."""
+        revocations = self._revocations
         await self._until_member()
         async with self._lock:
             revoked = self.revoked
-            if self.stopping:
+            if self.stopping or self._revocations != revocations:
+                # A revocation while the fold was held: a partition given back since is recovered
+                # from its changelog and read again from the group's commit; these events were
+                # fetched before, against a table that no longer is.
                 keep = self._left(events, lambda _tp: True)
             elif revoked and any(e.message.tp in revoked for e in events):
                 keep = self._left(events, revoked.__contains__)
@@ -99,17 +114,36 @@ class Handover:
         if self._member() or self.stopping:
             return
         log.warning("holding the fold: %s; its partitions may be another worker's now", self._why_not_member())
-        began, revoked = self._clock(), self.revoked
+        began, revocations = self._clock(), self._revocations
         while not self._member() and not self.stopping:
             await asyncio.sleep(self._poll_s)
         then = (
             "the worker stops"
             if self.stopping
             else "its partitions were revoked meanwhile"
-            if self.revoked is not revoked
+            if self._revocations != revocations
             else "the group confirmed it a member"
         )
         log.info("fold held for %.1f s, until %s", self._clock() - began, then)
+
+    async def confirmed(self) -> bool:
+        """Inside a batch, just before its writes: whether they may go out. The worker was a member
+        when the batch began; if it no longer knows itself one (a pause, a cut while it folded),
+        wait until the group confirms it again (True), or until a revocation or a stop waits for
+        this batch (False: the batch is not to be written, and its events are left)."""
+        if self._member():
+            return True
+        log.warning("holding the batch's writes: %s", self._why_not_member())
+        began = self._clock()
+        while not self._member():
+            if self._waiting or self.stopping:
+                log.info("a batch not written after %.1f s: its partitions are being let go", self._clock() - began)
+                return False
+            await asyncio.sleep(self._poll_s)
+        log.info(
+            "the batch's writes held for %.1f s, until the group confirmed the worker a member", self._clock() - began
+        )
+        return True
 
     def _left(self, events: Sequence[Any], gone: Callable[[Any], bool]) -> list[Any]:
         keep = []
@@ -124,6 +158,7 @@ class Handover:
 
     async def revoke(self, tps: frozenset[Any]) -> None:
         """faust revoked ``tps``: once the batch in flight is written, fold none of theirs."""
+        self._revocations += 1
         async with self._batch_done("partitions revoked"):
             self.revoked |= tps
             self._forget()
@@ -140,6 +175,7 @@ class Handover:
     @contextlib.asynccontextmanager
     async def _batch_done(self, why: str) -> AsyncIterator[None]:
         started = self._clock()
+        self._waiting += 1  # a batch holding its writes (``confirmed``) gives way at once
         try:
             await asyncio.wait_for(self._lock.acquire(), self.drain_s)
             held = True
@@ -154,6 +190,8 @@ class Handover:
                 len(self._in_flight),
                 self.drain_s,
             )
+        finally:
+            self._waiting -= 1
         if held and (waited := self._clock() - started) >= 0.5:
             log.info("%s: waited %.1f s for the batch being written", why, waited)
         try:

@@ -106,7 +106,7 @@ from effect_ledger.processors.faust_settings import (
     MEMBER_FOR_S,
     throughput_settings,
 )
-from effect_ledger.processors.handover import Handover
+from effect_ledger.processors.handover import Handover, LetGo
 from effect_ledger.processors.lookup_route import LookupRoute
 from effect_ledger.sdk.kafka.claims import Watermarks
 from effect_ledger.sdk.kafka.lookup import TOKEN_ENV
@@ -315,6 +315,8 @@ class LedgerProcessor:
             async for batch in stream.take_events(self.s.batch_max, within=self.s.batch_within_s):
                 try:
                     await self.handle_batch(batch)
+                except LetGo:
+                    continue  # left to the partitions' next owner (handover says so in the log)
                 except Exception as e:
                     # A batch that could not be folded and written (Kafka refused a record for
                     # good) cannot be stepped over: faust would restart the fold past it, and
@@ -366,12 +368,16 @@ class LedgerProcessor:
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_revoked", "revoked", revoked)
+            faust_internals.confirm_membership(app, self.membership)  # before the join: it is heard
             await self.handover.revoke(frozenset(revoked))
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust passes the assigned set too
         async def assigned(_app: Any, assigned: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_assigned", "assigned", assigned)
-            faust_internals.confirm_membership(app, self.membership)
+            if faust_internals.confirm_membership(app, self.membership):
+                # Installed only now: the join that assigned these was missed; its answer came
+                # before this signal (faust's assignment callbacks ran in between).
+                self.membership.confirmed(self.membership.clock())
             self.handover.assign(frozenset(assigned))
 
         processor = self
@@ -538,7 +544,7 @@ class LedgerProcessor:
                 for key, evs in group_by_key(items).items():
                     await self._fold_key(key, evs)
                 items = []
-                await self.out.flush()  # what the retirement reads is in the table
+                await self._write()  # what the retirement reads is in the table
                 with faust_internals.as_current_event(event):
                     await retirement.apply(self, msg, ev)
             elif ev is not None:
@@ -547,12 +553,21 @@ class LedgerProcessor:
                     self._observe_skew(event, ev)
         for key, evs in group_by_key(items).items():
             await self._fold_key(key, evs)
-        await self.out.flush()
+        await self._write()
         self.summary.count("events", len(batch))
         for (from_decisions, p), offset in done.items():
             (self.processed_decisions if from_decisions else self.processed)[p] = offset
         self._batch_done.set()
         self._batch_done = asyncio.Event()
+
+    async def _write(self) -> None:
+        """Write what the batch collected, once the worker still knows itself a member: it may have
+        stopped knowing while it folded (paused, cut off). ``LetGo`` when its partitions are being
+        let go meanwhile: nothing is written (the revocation forgets what the fold cached)."""
+        if not await self.handover.confirmed():
+            self.out.discard()
+            raise LetGo("the batch's partitions are being let go before its writes")
+        await self.out.flush()
 
     async def _until_next_batch(self, timeout_s: float) -> None:
         """Return once the next batch is folded, or after ``timeout_s``."""

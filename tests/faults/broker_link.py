@@ -64,7 +64,7 @@ class Frames:
             if len(self._head) == 6:
                 size, key = struct.unpack(">ih", self._head)
                 keys.append(key)
-                self._left = size - 2  # the API key is the size's first 2 bytes
+                self._left = max(0, size - 2)  # the API key is the size's first 2 bytes
                 self._head = b""
         return keys
 

@@ -492,6 +492,7 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
     class Coordinator:
         generation = 3
         answer = True
+        rejoined_meanwhile = False
 
         async def _on_join_complete(self, generation: int, *args: Any) -> str:
             self.generation = generation
@@ -499,6 +500,8 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
 
         async def _do_heartbeat(self) -> bool:
             now[0] += 4.0  # the answer takes 4 s: the session counts from when it was sent
+            if self.rejoined_meanwhile:
+                self.generation += 1
             return self.answer
 
         def reset_generation(self) -> None:
@@ -511,12 +514,19 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
     assert membership.age() is None
 
     async def scenario() -> None:
-        faust_internals.confirm_membership(app, membership)  # the first assignment: heard now
-        faust_internals.confirm_membership(app, membership)  # idempotent
+        assert faust_internals.confirm_membership(app, membership) is True  # before the first join
+        assert faust_internals.confirm_membership(app, membership) is False  # idempotent
+        assert membership.age() is None  # nothing heard yet
+        assert await coordinator._on_join_complete(3, "member", "protocol", b"") == "joined"
         assert membership.age() == 0
         now[0] = 107.0
         assert await coordinator._do_heartbeat() is True
         assert membership.heard == 107.0 and membership.age() == 4.0  # sent at 107, answered at 111
+        coordinator.rejoined_meanwhile = True  # its answer was for the generation before
+        now[0] = 109.0
+        assert await coordinator._do_heartbeat() is True
+        assert membership.heard == 107.0  # not confirmed by it
+        coordinator.rejoined_meanwhile = False
         coordinator.answer = False  # not answered for the member: nothing heard
         assert await coordinator._do_heartbeat() is False
         assert membership.heard == 107.0

@@ -202,7 +202,7 @@ def test_a_worker_not_known_a_member_holds_its_fold_until_the_group_confirms_it(
     assert w.left == []
 
 
-def test_a_held_fold_leaves_the_partitions_revoked_meanwhile_to_their_next_owner() -> None:
+def test_a_held_fold_leaves_its_batch_to_the_next_owners_when_partitions_were_revoked_meanwhile() -> None:
     a, b = ev(P0, 7), ev(P1, 3)
     w, member = held_world()
 
@@ -216,10 +216,10 @@ def test_a_held_fold_leaves_the_partitions_revoked_meanwhile_to_their_next_owner
         await w.h.revoke(frozenset({P0}))  # the rejoin: a revocation does not wait for a held fold
         w.h.assign(frozenset({P1}))
         member.now = True  # the join that followed confirmed it
-        assert await folding == [b]
+        assert await folding == []  # P1 too: its events were fetched before the rebalance
 
     asyncio.run(asyncio.wait_for(body(), 30))
-    assert w.left == [a]
+    assert w.left == [a, b]
 
 
 def test_a_held_fold_folds_nothing_when_the_worker_stops() -> None:
@@ -235,6 +235,84 @@ def test_a_held_fold_folds_nothing_when_the_worker_stops() -> None:
         await asyncio.sleep(0.05)
         await w.h.stop()  # never confirmed a member again
         assert await folding == []
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+    assert w.left == [a]
+
+
+def test_a_held_fold_leaves_its_whole_batch_when_a_partition_was_revoked_and_given_back_meanwhile() -> None:
+    """Given back, the partition is recovered from its changelog and read again from the group's
+    commit: events fetched before, against the table it had then, are not folded now."""
+    a, b = ev(P0, 7), ev(P1, 3)
+    w, member = held_world()
+
+    async def body() -> None:
+        async def fold() -> list[Any]:
+            async with w.h.batch([a, b]) as events:
+                return events
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0.05)
+        await w.h.revoke(frozenset({P0, P1}))
+        w.h.assign(frozenset({P0, P1}))  # the same partitions, back
+        member.now = True
+        assert await folding == []
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+    assert w.left == [a, b]
+
+
+def test_writes_go_out_at_once_from_a_worker_that_knows_itself_a_member() -> None:
+    w, member = held_world()
+    member.now = True
+
+    async def body() -> None:
+        async with w.h.batch([ev(P0, 1)]):
+            assert await w.h.confirmed() is True
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+
+
+def test_writes_of_a_worker_that_stopped_knowing_itself_a_member_wait_until_the_group_confirms_it() -> None:
+    w, member = held_world()
+    member.now = True
+
+    async def body() -> None:
+        async with w.h.batch([ev(P0, 1)]):
+            member.now = False  # paused or cut off while it folded
+            writing = asyncio.create_task(w.h.confirmed())
+            await asyncio.sleep(0.05)
+            assert not writing.done()
+            member.now = True
+            assert await writing is True
+
+    asyncio.run(asyncio.wait_for(body(), 30))
+    assert w.left == []
+
+
+def test_writes_held_are_given_up_when_a_revocation_waits_for_the_batch() -> None:
+    """The revocation must not wait out its drain for a batch that cannot be written: the batch
+    gives way (its events left to the next owner), and the revocation takes effect."""
+    a = ev(P0, 1)
+    w, member = held_world(drain_s=20.0)
+    member.now = True
+
+    async def body() -> None:
+        async def fold() -> bool:
+            async with w.h.batch([a]):
+                member.now = False
+                ok = await w.h.confirmed()
+                if not ok:
+                    raise RuntimeError("let go")
+                return ok
+
+        folding = asyncio.create_task(fold())
+        await asyncio.sleep(0.05)
+        revoking = asyncio.create_task(w.h.revoke(frozenset({P0})))
+        with pytest.raises(RuntimeError, match="let go"):
+            await folding
+        await asyncio.wait_for(revoking, 5)  # well within its 20 s drain
+        assert w.log == ["forget"]
 
     asyncio.run(asyncio.wait_for(body(), 30))
     assert w.left == [a]
