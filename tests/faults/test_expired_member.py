@@ -87,6 +87,9 @@ def test_a_worker_whose_session_expired_writes_nothing_while_another_owns_its_pa
             # A fetched them too (its fetches go through): it folds them and writes (before the fix),
             # or says it holds its fold.
             wait_for(lambda: link.count(PRODUCE) > before or HELD in a.log(), WAIT, "worker A to fold or hold")
+            # A keeps holding, whatever its timer and its fetches do meanwhile, at least until B has
+            # committed every event (A's own commits are held with its other group requests).
+            wait_for(lambda: link.count(PRODUCE) > before or committed_through_end(cfg), WAIT, "B to commit")
             wrote = link.count(PRODUCE) - before
             assert wrote == 0, (
                 f"worker A, no longer a member of the group, sent {wrote} produce request(s) while B owned "
