@@ -267,6 +267,9 @@ class Membership:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self.heard: float | None = None
+        #: Counts joins and losses: the same epoch at two moments, with the worker confirmed a
+        #: member at both, means it stayed the one member holding its partitions in between.
+        self.epoch = 0
 
     def age(self) -> float | None:
         """Seconds since the coordinator last confirmed the membership (None: not a member)."""
@@ -292,6 +295,7 @@ def confirm_membership(app: faust.App, membership: Membership) -> bool:
     reset = coordinator.reset_generation
 
     async def on_join_complete(*args: Any, **kwargs: Any) -> Any:
+        membership.epoch += 1
         membership.confirmed(membership.clock())  # the SyncGroup answer just came
         return await join(*args, **kwargs)
 
@@ -305,6 +309,7 @@ def confirm_membership(app: faust.App, membership: Membership) -> bool:
         return ok
 
     def reset_generation() -> Any:
+        membership.epoch += 1
         membership.heard = None
         return reset()
 

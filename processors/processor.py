@@ -293,6 +293,7 @@ class LedgerProcessor:
         )
         self._batch_done = asyncio.Event()  # set (and replaced) after every batch: lookups wait on it
         self.membership = faust_internals.Membership()
+        self._batch_epoch = 0
         self.handover = Handover(
             self.s.drain_s,
             faust_internals.leave_unacknowledged,
@@ -530,6 +531,7 @@ class LedgerProcessor:
             await self._fold_batch(events)
 
     async def _fold_batch(self, batch: list[Any]) -> None:
+        self._batch_epoch = self.membership.epoch  # the membership the batch is folded under
         decisions_topic = self.decisions.get_topic_name()
         items: list[tuple[str, Any, Event]] = []
         done: dict[tuple[bool, int], int] = {}
@@ -708,10 +710,29 @@ class LedgerProcessor:
                 self.table.changelog_topic.get_topic_name(),
                 db_for,
                 write_batch,
-                lambda p, offset: faust_internals.persist_changelog_offset(self.table, p, offset),
+                self._persist_changelog_offset,
             )
             self._out.on_log_time = self.log_clock.observe
         return self._out
+
+    def _persist_changelog_offset(self, partition: int, offset: int) -> None:
+        """A batch's last step: record that this worker's store holds the partition's changelog up
+        to ``offset``, where a recovery of the partition starts reading it again. True only if no
+        other worker wrote to it since this worker's previous records: if the worker did not stay the
+        confirmed member holding its partitions while the batch was written (a cut or a pause, and a
+        batch Kafka acknowledged only after the heal), another may have, before these records. The
+        offset is then not recorded, and a recovery reads again from the one before: otherwise it
+        would start past the other worker's records, and keep this worker's older values."""
+        if self._member() and self.membership.epoch == self._batch_epoch:
+            faust_internals.persist_changelog_offset(self.table, partition, offset)
+            return
+        log.warning(
+            "changelog partition %d: offset %d not recorded as held (the batch was acknowledged after this worker "
+            "stopped knowing itself the partition's owner): a recovery reads the changelog again from the offset "
+            "recorded before it",
+            partition,
+            offset,
+        )
 
     def _publish(self, key: str, effect: Effect, emitted: Any, part: int) -> None:
         # The outputs are co-partitioned with effects.events (same key, same partition count).

@@ -18,8 +18,8 @@ from confluent_kafka.admin import AdminClient
 from effect_ledger.core.effect import fold, to_state
 from effect_ledger.core.model import Executed, Intent, Outcome, Receipt, ReceiptSource
 from effect_ledger.streams.config import KafkaConfig
-from tests.services import Processor
-from tests.topic_io import RawProducer, TopicReader, untimed
+from tests.services import Processor, wait_for
+from tests.topic_io import RawProducer, TopicReader, running, untimed
 
 
 def now_ms() -> int:
@@ -142,3 +142,23 @@ def describe(bad: dict[str, Any], n: int = 5) -> str:
         g = None if got is None else (got.state.value, got.version)
         out.append(f"{k}: published {g}, single fold {(want.state.value, want.version)}")
     return f"{len(bad)} key(s) differ: " + "; ".join(out)
+
+
+def settled(cfg: KafkaConfig, states: TopicReader, expected: dict[str, Any], commit_wait: float) -> None:
+    """Every key's last published state becomes its single fold (within 60 s), and the processors'
+    group commits every event (within ``commit_wait``)."""
+    try:
+        wait_for(lambda: not mismatches(states, expected), 60, "every key's last state to be its single fold")
+    except TimeoutError as e:
+        raise AssertionError(f"{e}: {describe(mismatches(states, expected))}") from None
+    wait_for(lambda: committed_through_end(cfg), commit_wait, "the group to commit every event")
+
+
+def rebuilt(cfg: KafkaConfig, data_dir: Any, keys: list[str], state: str, ready_wait: float) -> None:
+    """A worker with an empty ``data_dir`` (the changelog and the commits only) serves ``state`` for
+    every key."""
+    c = Processor(cfg, data_dir)
+    with running(c):
+        c.wait_ready(ready_wait)
+        for k in keys:
+            wait_for(lambda k=k: answered(c, k, state), 30, f"{k} rebuilt {state}")

@@ -24,7 +24,7 @@ import pytest
 from effect_ledger.processors.faust_settings import SESSION_TIMEOUT_S
 from effect_ledger.streams.config import KafkaConfig
 from tests.faults import broker_link
-from tests.faults._flow import answered, committed_through_end, describe, mismatches
+from tests.faults._flow import committed_through_end, rebuilt, settled
 from tests.faults.test_revoked_in_flight import WAIT, LinkedProcessor, _scenario, socket_dir  # noqa: F401
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
@@ -97,18 +97,8 @@ def test_a_worker_whose_session_expired_writes_nothing_while_another_owns_its_pa
             )
             link.release_requests()  # A hears it lost its membership, rejoins and gets partitions back
 
-            try:
-                wait_for(lambda: not mismatches(states, expected), 60, "every key's last state to be its single fold")
-            except TimeoutError as e:
-                raise AssertionError(f"{e}: {describe(mismatches(states, expected))}") from None
-            wait_for(lambda: committed_through_end(cfg), WAIT, "the group to commit every event")
-
-    # A worker with an empty data dir has the changelog and the commits only: it must serve CONFIRMED.
-    c = Processor(cfg, tmp_path / "data-c")
-    with running(c):
-        c.wait_ready(WAIT)
-        for k in keys:
-            wait_for(lambda k=k: answered(c, k, "CONFIRMED"), 30, f"{k} rebuilt CONFIRMED")
+            settled(cfg, states, expected, WAIT)
+    rebuilt(cfg, tmp_path / "data-c", keys, "CONFIRMED", WAIT)
 
 
 def test_the_link_reads_each_requests_api_key_however_the_reads_cut_them() -> None:

@@ -31,7 +31,16 @@ from effect_ledger.processors.batch_writer import CLIENT_ID
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.faults import broker_link
-from tests.faults._flow import answered, commits, committed_through_end, describe, key_events, mismatches, now_ms
+from tests.faults._flow import (
+    commits,
+    committed_through_end,
+    describe,
+    key_events,
+    mismatches,
+    now_ms,
+    rebuilt,
+    settled,
+)
 from tests.faults.test_tail_broker_gone import advertised
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, one_key_per_partition, running
@@ -139,18 +148,8 @@ def test_a_batch_in_flight_at_revocation_lands_before_the_next_owner_folds(
             link.release()
 
             b.wait_ready(WAIT)
-            try:
-                wait_for(lambda: not mismatches(states, expected), 60, "every key's last state to be its single fold")
-            except TimeoutError as e:
-                raise AssertionError(f"{e}: {describe(mismatches(states, expected))}") from None
-            wait_for(lambda: committed_through_end(cfg), WAIT, "the group to commit every event")
-
-    # A worker with an empty data dir has the changelog and the commits only: it must serve CONFIRMED.
-    c = Processor(cfg, tmp_path / "data-c")
-    with running(c):
-        c.wait_ready(WAIT)
-        for k in keys:
-            wait_for(lambda k=k: answered(c, k, "CONFIRMED"), 30, f"{k} rebuilt CONFIRMED")
+            settled(cfg, states, expected, WAIT)
+    rebuilt(cfg, tmp_path / "data-c", keys, "CONFIRMED", WAIT)
 
 
 def _worker_pid(link_pid: int) -> int:

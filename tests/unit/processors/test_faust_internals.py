@@ -518,7 +518,7 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
         assert faust_internals.confirm_membership(app, membership) is False  # idempotent
         assert membership.age() is None  # nothing heard yet
         assert await coordinator._on_join_complete(3, "member", "protocol", b"") == "joined"
-        assert membership.age() == 0
+        assert membership.age() == 0 and membership.epoch == 1
         now[0] = 107.0
         assert await coordinator._do_heartbeat() is True
         assert membership.heard == 107.0 and membership.age() == 4.0  # sent at 107, answered at 111
@@ -531,12 +531,12 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
         assert await coordinator._do_heartbeat() is False
         assert membership.heard == 107.0
         coordinator.reset_generation()  # the coordinator no longer knows the member
-        assert coordinator.generation == -1 and membership.age() is None
+        assert coordinator.generation == -1 and membership.age() is None and membership.epoch == 2
         coordinator.answer = True  # an answer of the old generation does not make it one again
         await coordinator._do_heartbeat()
         assert membership.age() is None
         now[0] = 200.0
         assert await coordinator._on_join_complete(4, "member", "protocol", b"") == "joined"
-        assert membership.heard == 200.0 and coordinator.generation == 4
+        assert membership.heard == 200.0 and coordinator.generation == 4 and membership.epoch == 3
 
     asyncio.run(scenario())
