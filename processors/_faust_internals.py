@@ -84,7 +84,25 @@ Why each is needed (faust 0.15.3 has no public way):
   consumer's group coordinator (``AIOKafkaConsumer._coordinator``) is wrapped on the instance:
   ``_on_join_complete`` (a join's SyncGroup answered: the coordinator restarted the member's
   session), ``_do_heartbeat`` (True: answered for the member's generation, timed from when it was
-  sent) and ``reset_generation`` (the member is no longer one).
+  sent) and ``reset_generation`` (the member is no longer one). The heartbeat is also given
+  ``HEARTBEAT_WAIT_S`` for its answer: after a cut heals, the connection it went out on can stay
+  silent for tens of seconds (TCP backs off its retransmissions) while a new one goes through at
+  once, and when the coordinator moved, its answer never comes. Past that wait the connection is
+  closed as timed out and the coordinator marked dead (``GroupCoordinator.coordinator_dead``), so
+  the heartbeat routine looks it up again and heartbeats on a new connection while the session
+  still runs, instead of after the request timeout, when the group has rebalanced without it.
+* ``bound_requests``: the same for every other request of the worker's consumer (aiokafka's client,
+  ``AIOKafkaConsumer._client``): its ``send`` and ``_get_conn`` are wrapped on the instance, so a
+  request unanswered after ``REQUEST_WAIT_S`` closes its connection and fails as timed out, which
+  is what aiokafka does at the request timeout, and a connection that takes ``CONNECT_WAIT_S`` to
+  open counts as failed, as aiokafka counts a refused one. Without them a fetch, a coordinator
+  lookup or a metadata read sent into a cut waited 90 s, and a connect into one held the client's
+  only connection lock (``_get_conn_lock``) as long. A group join keeps faust's request timeout:
+  the coordinator answers it only when the whole group has rejoined, up to the rebalance timeout.
+  A coordinator lookup (FindCoordinator) gets ``HEARTBEAT_WAIT_S``, and goes to a broker chosen
+  at random (``get_random_node``, its one caller on a consumer's client), which is wrapped to
+  leave out, for a while, a broker that just failed to answer or to connect: a paused broker was
+  asked again one time in three, and held the lookup until the session had run out.
 * ``refused_authorization``: faust's crash keeps the Kafka client's own exception (aiokafka's
   ``TopicAuthorizationFailedError`` carries the refused topics as its first argument), the only
   place that says which right the ACLs took away when a commit or fetch is refused.
@@ -95,6 +113,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import random
 import time
 import types
 import weakref
@@ -281,11 +300,12 @@ class Membership:
         self.heard = at if heard is None else max(heard, at)
 
 
-def confirm_membership(app: faust.App, membership: Membership) -> bool:
+def confirm_membership(app: faust.App, membership: Membership, heartbeat_wait_s: float) -> bool:
     """Keep ``membership`` told of what the group's coordinator says of this worker (module
-    docstring). Idempotent; call from faust's rebalance signals (the coordinator exists by then: it
-    calls them): the revocation before a join, so that the join is heard as it completes. True when
-    it was installed by this call (from an assignment: that join was missed, the caller counts it)."""
+    docstring), and give up on a heartbeat unanswered after ``heartbeat_wait_s``. Idempotent; call
+    from faust's rebalance signals (the coordinator exists by then: it calls them): the revocation
+    before a join, so that the join is heard as it completes. True when it was installed by this
+    call (from an assignment: that join was missed, the caller counts it)."""
     consumer: Any = app.consumer
     coordinator = consumer._thread._consumer._coordinator
     if getattr(coordinator, "_effect_ledger_membership", None) is membership:
@@ -300,8 +320,22 @@ def confirm_membership(app: faust.App, membership: Membership) -> bool:
         return await join(*args, **kwargs)
 
     async def do_heartbeat() -> Any:
-        sent, generation = membership.clock(), coordinator.generation
-        ok = await beat()
+        sent, generation, node = membership.clock(), coordinator.generation, coordinator.coordinator_id
+        try:
+            ok = await asyncio.wait_for(beat(), heartbeat_wait_s)
+        except TimeoutError:
+            # The coordinator moved, or the way to it is cut: its answer, if it ever comes, comes
+            # after the session it could confirm. Forget the connection (its requests fail, to be
+            # sent again) and the coordinator: the heartbeat routine looks it up again at once.
+            log.warning(
+                "no answer to a heartbeat from the group's coordinator (node %s) in %.0f s: "
+                "looking the coordinator up again",
+                node,
+                heartbeat_wait_s,
+            )
+            drop_connection(coordinator._client, node, _coordination_group(), heartbeat_wait_s * 3)
+            coordinator.coordinator_dead()
+            return False
         # True also while the group rebalances: the member stays one until it rejoins (and is
         # revoked first) or its rebalance timeout runs out (then a later heartbeat is refused).
         if ok and coordinator.generation == generation and membership.heard is not None:
@@ -318,6 +352,97 @@ def confirm_membership(app: faust.App, membership: Membership) -> bool:
     coordinator.reset_generation = reset_generation
     coordinator._effect_ledger_membership = membership
     return True
+
+
+def _coordination_group() -> Any:
+    from aiokafka.client import ConnectionGroup
+
+    return ConnectionGroup.COORDINATION
+
+
+def drop_connection(client: Any, node: Any, group: Any, silent_s: float = 0.0) -> None:
+    """Close the client's connection to ``node`` in ``group`` as timed out, as aiokafka does when a
+    request runs past its timeout: every request waiting on it fails, the next one connects anew.
+    With ``silent_s`` (and ``bound_requests`` installed), ``node`` is the last broker asked where
+    the group's coordinator is for that long."""
+    from aiokafka.conn import CloseReason
+
+    conn = client._conns.get((node, group))
+    if conn is not None:
+        conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
+    silent = getattr(client, "_effect_ledger_silent", None)
+    if silent is not None and silent_s > 0:
+        silent[node] = time.monotonic() + silent_s
+
+
+def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float, lookup_wait_s: float) -> bool:
+    """Give every request of the worker's consumer but a group join ``request_wait_s`` for its
+    answer (a coordinator lookup ``lookup_wait_s``), and a new connection ``connect_wait_s`` to
+    open; ask a broker that did not answer in time where the coordinator is only when no other can
+    be asked (module docstring). Idempotent; True when installed by this call."""
+    from aiokafka.errors import RequestTimedOutError
+
+    consumer: Any = app.consumer
+    client = consumer._thread._consumer._client
+    if getattr(client, "_effect_ledger_bounded", False):
+        return False
+    send = client.send
+    get_conn = client._get_conn
+    silent: dict[Any, float] = {}  # broker -> until when it is asked for the coordinator last
+
+    async def bounded_send(node_id: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        key = getattr(request, "API_KEY", None)
+        if key == _JOIN_GROUP:
+            return await send(node_id, request, *args, **kwargs)
+        wait = lookup_wait_s if key == _FIND_COORDINATOR else request_wait_s
+        try:
+            return await asyncio.wait_for(send(node_id, request, *args, **kwargs), wait)
+        except TimeoutError:
+            group = kwargs.get("group", args[0] if args else _default_group())
+            log.warning(
+                "no answer from broker %s to %s in %.0f s: dropping the connection",
+                node_id,
+                type(request).__name__,
+                wait,
+            )
+            drop_connection(client, node_id, group, request_wait_s)
+            raise RequestTimedOutError() from None
+
+    async def bounded_get_conn(node_id: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.wait_for(get_conn(node_id, *args, **kwargs), connect_wait_s)
+        except TimeoutError:
+            # What aiokafka does when a connection fails: no connection, and metadata to refresh.
+            log.warning("no connection to broker %s in %.0f s", node_id, connect_wait_s)
+            silent[node_id] = time.monotonic() + request_wait_s
+            client.force_metadata_update()
+            return None
+
+    def get_random_node() -> Any:
+        # The one caller on a consumer's client is the coordinator lookup: a broker paused or cut
+        # off would hold it for the whole wait again, one time in three with three brokers.
+        nodes = [b.nodeId for b in client.cluster.brokers()]
+        now = time.monotonic()
+        answering = [n for n in nodes if silent.get(n, 0.0) <= now]
+        pool = answering or nodes
+        return random.choice(pool) if pool else None
+
+    client.send = bounded_send
+    client._get_conn = bounded_get_conn
+    client.get_random_node = get_random_node
+    client._effect_ledger_silent = silent
+    client._effect_ledger_bounded = True
+    return True
+
+
+_JOIN_GROUP = 11  # the Kafka protocol's API keys of JoinGroup and FindCoordinator
+_FIND_COORDINATOR = 10
+
+
+def _default_group() -> Any:
+    from aiokafka.client import ConnectionGroup
+
+    return ConnectionGroup.DEFAULT
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

@@ -23,6 +23,17 @@ MEMBER_FOR_S = SESSION_TIMEOUT_S / 2
 #: rebalance waits for the member).
 REBALANCE_TIMEOUT_S = 60.0
 DRAIN_S = REBALANCE_TIMEOUT_S / 2
+#: How long a heartbeat may go unanswered before the worker drops its connection to the group's
+#: coordinator and looks the coordinator up again (``faust_internals.confirm_membership``): well
+#: inside MEMBER_FOR_S, so a worker whose coordinator moved reaches the new one while its session
+#: there still runs, instead of after the request timeout. A lookup of the coordinator gets as long.
+HEARTBEAT_WAIT_S = 3.0
+#: How long any other request of the worker's consumer may go unanswered, and a connection take to
+#: open, before the connection is dropped and the request fails as timed out (aiokafka's own
+#: handling, sooner: ``faust_internals.bound_requests``). A group join is the exception: it waits
+#: for the whole group to rejoin, up to the rebalance timeout, under faust's request timeout.
+REQUEST_WAIT_S = SESSION_TIMEOUT_S
+CONNECT_WAIT_S = SESSION_TIMEOUT_S / 2
 
 
 class QuietMonitor(Monitor):

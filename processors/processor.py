@@ -102,8 +102,11 @@ from effect_ledger.processors.deadline_index import DeadlineIndex, due_of
 from effect_ledger.processors.faust_settings import (
     BATCH_MAX,
     BATCH_WITHIN_S,
+    CONNECT_WAIT_S,
     DRAIN_S,
+    HEARTBEAT_WAIT_S,
     MEMBER_FOR_S,
+    REQUEST_WAIT_S,
     throughput_settings,
 )
 from effect_ledger.processors.handover import Handover, LetGo
@@ -369,13 +372,15 @@ class LedgerProcessor:
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_revoked", "revoked", revoked)
-            faust_internals.confirm_membership(app, self.membership)  # before the join: it is heard
+            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S)
+            faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S)  # before the join: heard
             await self.handover.revoke(frozenset(revoked))
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust passes the assigned set too
         async def assigned(_app: Any, assigned: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_assigned", "assigned", assigned)
-            if faust_internals.confirm_membership(app, self.membership):
+            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S)
+            if faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S):
                 # Installed only now: the join that assigned these was missed; its answer came
                 # before this signal (faust's assignment callbacks ran in between).
                 self.membership.confirmed(self.membership.clock())

@@ -9,7 +9,9 @@ stalls only the requests of the child's Kafka client of that ``client.id`` (read
 request header of each connection) until ``release()``: to that one client, the broker is very slow.
 ``hold_requests(api_keys)`` stalls, on any connection, the requests of those Kafka API keys (and
 what follows them on that connection) until ``release_requests()``: with the group's keys, the
-coordinator no longer hears the child while its fetches and writes go on. ``requests`` counts the
+coordinator no longer hears the child while its fetches and writes go on; with ``open_only``, only
+on the connections open at that moment (as after a cut that healed while the TCP connections it
+caught are still backing off, when a new connection goes through at once). ``requests`` counts the
 requests of each API key that went through.
 
 Needs ``unshare -n`` (root) or ``unshare -rn`` (unprivileged user namespaces); ``available()`` says.
@@ -107,6 +109,8 @@ class Forwarder:
         self._unheld.set()
         self.holding = threading.Event()  # set once a held client's request is waiting
         self._held_keys: frozenset[int] = frozenset()  # API keys whose requests wait (``hold_requests``)
+        self._accepted = 0  # connections accepted so far: each one's number
+        self._held_below = 0  # only connections numbered below this hold their requests by API key
         self.holding_requests = threading.Event()  # set once a request of a held API key is waiting
         self._keys_released = threading.Event()
         self.requests: dict[int, int] = {}  # API key -> requests that went through
@@ -120,8 +124,8 @@ class Forwarder:
             self.stalled.set()
             self._released.wait()
 
-    def _requests_gate(self) -> Callable[[bytes], None]:
-        """The gate of one connection's requests: it learns the client from the first one."""
+    def _requests_gate(self, number: int) -> Callable[[bytes], None]:
+        """The gate of connection ``number``'s requests: it learns the client from the first one."""
         ident: list[str | None] = []
         frames = Frames()
 
@@ -132,7 +136,7 @@ class Forwarder:
                 self.holding.set()
                 self._unheld.wait(0.1)
             keys = frames.feed(data)
-            while self._held_keys.intersection(keys):
+            while self._held_keys.intersection(keys) and number < self._held_below:
                 self.holding_requests.set()
                 self._keys_released.wait(0.1)
             with self._lock:
@@ -152,11 +156,14 @@ class Forwarder:
         """Let the held requests through, in the order they came."""
         self._unheld.set()
 
-    def hold_requests(self, api_keys: frozenset[int]) -> None:
+    def hold_requests(self, api_keys: frozenset[int], open_only: bool = False) -> None:
         """From now on, a request of one of ``api_keys`` waits, with whatever follows it on its
-        connection, until ``release_requests()``; other connections' requests go through."""
+        connection, until ``release_requests()``; other requests go through, and with
+        ``open_only`` every request of a connection opened after this call too."""
         self.holding_requests.clear()
         self._keys_released.clear()
+        with self._lock:
+            self._held_below = self._accepted if open_only else sys.maxsize
         self._held_keys = api_keys
 
     def release_requests(self) -> None:
@@ -186,7 +193,10 @@ class Forwarder:
                     upstream.close()
                     return
                 self._open += [client, upstream]
-            threading.Thread(target=_pump, args=(client, upstream, self._requests_gate()), daemon=True).start()
+                number = self._accepted
+                self._accepted += 1
+            gate = self._requests_gate(number)
+            threading.Thread(target=_pump, args=(client, upstream, gate), daemon=True).start()
             threading.Thread(target=_pump, args=(upstream, client, self._gate), daemon=True).start()
 
     def cut(self) -> None:

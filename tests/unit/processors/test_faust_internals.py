@@ -491,6 +491,7 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
 
     class Coordinator:
         generation = 3
+        coordinator_id = 1
         answer = True
         rejoined_meanwhile = False
 
@@ -514,8 +515,8 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
     assert membership.age() is None
 
     async def scenario() -> None:
-        assert faust_internals.confirm_membership(app, membership) is True  # before the first join
-        assert faust_internals.confirm_membership(app, membership) is False  # idempotent
+        assert faust_internals.confirm_membership(app, membership, 60.0) is True  # before the first join
+        assert faust_internals.confirm_membership(app, membership, 60.0) is False  # idempotent
         assert membership.age() is None  # nothing heard yet
         assert await coordinator._on_join_complete(3, "member", "protocol", b"") == "joined"
         assert membership.age() == 0 and membership.epoch == 1
@@ -538,5 +539,146 @@ def test_confirm_membership_hears_joins_and_answered_heartbeats_and_forgets_on_a
         now[0] = 200.0
         assert await coordinator._on_join_complete(4, "member", "protocol", b"") == "joined"
         assert membership.heard == 200.0 and coordinator.generation == 4 and membership.epoch == 3
+
+    asyncio.run(scenario())
+
+
+def test_aiokafka_handles_a_timed_out_request_as_bound_requests_does() -> None:
+    """``bound_requests`` and the heartbeat's bound do, sooner, what aiokafka 0.14.0 does when a
+    request outlives the request timeout (the connection closed as timed out, ``RequestTimedOutError``,
+    retriable), and rely on where aiokafka goes through the client's instance: every request through
+    ``send``, every connection through ``_get_conn``, the coordinator's lookup with ``send`` and its
+    connect with ``ready``; a heartbeat that fails makes the routine look the coordinator up first."""
+    import inspect
+
+    from aiokafka.client import AIOKafkaClient, ConnectionGroup
+    from aiokafka.conn import CloseReason
+    from aiokafka.consumer.group_coordinator import GroupCoordinator
+    from aiokafka.errors import RequestTimedOutError
+    from aiokafka.protocol.coordination import FindCoordinatorRequest
+    from aiokafka.protocol.group import JoinGroupRequest
+
+    send = inspect.getsource(AIOKafkaClient.send)
+    assert "self._conns[(node_id, group)].close(reason=CloseReason.CONNECTION_TIMEOUT)" in send
+    assert "raise RequestTimedOutError()" in send and RequestTimedOutError.retriable
+    assert "await self.ready(node_id, group=group)" in send
+    assert "conn = await self._get_conn(node_id, group=group)" in inspect.getsource(AIOKafkaClient.ready)
+    assert "conn = await self._get_conn(node_id)" in inspect.getsource(AIOKafkaClient._metadata_update)
+    lookup = inspect.getsource(AIOKafkaClient.coordinator_lookup)
+    assert "node_id = self.get_random_node()" in lookup and "resp = await self.send(node_id, request)" in lookup
+    known = inspect.getsource(GroupCoordinator.ensure_coordinator_known)
+    assert "await self._client.coordinator_lookup(" in known and "await self._client.ready(" in known
+    assert "group=ConnectionGroup.COORDINATION" in inspect.getsource(GroupCoordinator._send_req)
+    routine = inspect.getsource(GroupCoordinator._heartbeat_routine)
+    assert routine.index("await self.ensure_coordinator_known()") < routine.index("await self._do_heartbeat()")
+    assert JoinGroupRequest.API_KEY == faust_internals._JOIN_GROUP
+    assert FindCoordinatorRequest.API_KEY == faust_internals._FIND_COORDINATOR
+    assert CloseReason.CONNECTION_TIMEOUT and ConnectionGroup.COORDINATION
+
+
+class _Conn:
+    def __init__(self) -> None:
+        self.closed: list[Any] = []
+
+    def close(self, reason: Any = None) -> None:
+        self.closed.append(reason)
+
+
+def test_a_heartbeat_unanswered_in_time_drops_the_coordinator_and_hears_nothing(tmp_path: Path) -> None:
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.conn import CloseReason
+
+    conn = _Conn()
+
+    class Coordinator:
+        generation = 3
+        coordinator_id = 2
+        dead = 0
+        _client = SimpleNamespace(_conns={(2, ConnectionGroup.COORDINATION): conn})
+
+        async def _on_join_complete(self, *args: Any) -> None:
+            return None
+
+        async def _do_heartbeat(self) -> bool:
+            await asyncio.sleep(3600)  # sent into a cut: no answer
+            return True
+
+        def reset_generation(self) -> None:
+            return None
+
+        def coordinator_dead(self) -> None:
+            self.dead += 1
+
+    coordinator = Coordinator()
+    app = faust.App("membership-bound", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    app.consumer._thread._consumer = SimpleNamespace(_coordinator=coordinator)
+    membership = faust_internals.Membership()
+
+    async def scenario() -> None:
+        faust_internals.confirm_membership(app, membership, 0.05)
+        await coordinator._on_join_complete(3)
+        heard = membership.heard
+        assert await asyncio.wait_for(coordinator._do_heartbeat(), 5.0) is False
+        assert membership.heard == heard  # not confirmed by a heartbeat without an answer
+        assert coordinator.dead == 1 and conn.closed == [CloseReason.CONNECTION_TIMEOUT]
+
+    asyncio.run(scenario())
+
+
+def test_bound_requests_times_out_every_request_but_a_join_and_every_connect(tmp_path: Path) -> None:
+    from aiokafka.client import ConnectionGroup
+    from aiokafka.conn import CloseReason
+    from aiokafka.errors import RequestTimedOutError
+    from aiokafka.protocol.coordination import FindCoordinatorRequest
+    from aiokafka.protocol.group import HeartbeatRequest, JoinGroupRequest
+
+    conn = _Conn()
+    metadata = []
+    answer_in = {"lookup": 0.3, "other": 0.3}
+
+    class Client:
+        _conns = {(1, ConnectionGroup.DEFAULT): conn, (1, ConnectionGroup.COORDINATION): conn}
+        cluster = SimpleNamespace(brokers=lambda: [SimpleNamespace(nodeId=n) for n in (1, 2, 3)])
+
+        async def send(self, node_id: int, request: Any, *, group: Any = ConnectionGroup.DEFAULT) -> str:
+            lookup = isinstance(request, FindCoordinatorRequest)
+            await asyncio.sleep(answer_in["lookup" if lookup else "other"])
+            return "answered"
+
+        async def _get_conn(self, node_id: int, *, group: Any = ConnectionGroup.DEFAULT) -> Any:
+            await asyncio.sleep(3600)  # a connect into a cut
+
+        def force_metadata_update(self) -> None:
+            metadata.append(1)
+
+    client = Client()
+    app = faust.App("bounded", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    app.consumer._thread._consumer = SimpleNamespace(_client=client)
+
+    async def scenario() -> None:
+        assert faust_internals.bound_requests(app, 0.2, 0.05, 0.05) is True
+        assert faust_internals.bound_requests(app, 0.2, 0.05, 0.05) is False  # idempotent
+        beat = HeartbeatRequest("g", 3, "m")
+        with pytest.raises(RequestTimedOutError):
+            await client.send(1, beat, group=ConnectionGroup.COORDINATION)
+        assert conn.closed == [CloseReason.CONNECTION_TIMEOUT]
+        with pytest.raises(RequestTimedOutError):
+            await client.send(1, beat)  # the default group, positional or not
+        assert len(conn.closed) == 2
+        join = JoinGroupRequest("g", 10_000, 60_000, "", "", "consumer", [])
+        assert await client.send(1, join, group=ConnectionGroup.COORDINATION) == "answered"  # waits its rebalance
+        assert len(conn.closed) == 2
+        answer_in.update(lookup=0.1, other=0.1)  # within the request wait, past the lookup's
+        assert await client.send(1, beat) == "answered"
+        with pytest.raises(RequestTimedOutError):
+            await client.send(1, FindCoordinatorRequest("g", 0))
+        assert len(conn.closed) == 3
+        # Broker 1 failed to answer: the lookup asks the others while it is silent.
+        assert {client.get_random_node() for _ in range(200)} == {2, 3}  # type: ignore[attr-defined]
+        assert await asyncio.wait_for(client._get_conn(2), 5.0) is None  # as aiokafka's failed connect
+        assert metadata == [1]
+        assert {client.get_random_node() for _ in range(200)} == {3}  # type: ignore[attr-defined]
+        await asyncio.sleep(0.25)  # past the silence (the request wait)
+        assert {client.get_random_node() for _ in range(200)} == {1, 2, 3}  # type: ignore[attr-defined]
 
     asyncio.run(scenario())
