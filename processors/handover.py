@@ -12,6 +12,13 @@ acknowledged, so a stopping worker committed events whose fold never reached Kaf
 * past that wait, the batch never counts as processed, even if it ends later;
 * after a revocation, events of the revoked partitions (still in faust's take buffer) are not
   folded; after a stop, no event is;
+* an event fetched in an earlier generation of the group (``current``) is not folded either, even
+  if its partition is this worker's again: faust's stream drops such messages as it takes them
+  from the fetcher, but its take buffer keeps those it took before the rebalance. A partition given
+  back is recovered from its changelog and read again from the group's commit; an event fetched
+  before, folded against the table it had then, wrote a value after the interim owner's (seen in a
+  short `make chaos` run: a worker held its fold through a cut, got its partitions back, and its
+  next batch, from the take buffer, overwrote the second attempt the other worker had folded);
 * a batch that raised (cancelled, or Kafka refused a record) never counts as processed either;
 * a batch is folded only while the worker knows itself a member of the group (``member``: the
   coordinator confirmed it recently enough that its session cannot have expired). Otherwise the
@@ -51,7 +58,8 @@ class Handover:
     partitions it no longer owns (its deadline index and cache), run once a revocation took effect;
     ``clock``: monotonic seconds (the log says how long a wait took); ``member``: whether the
     worker knows itself a member of its group now (``why_not_member``: in the log's words, why not);
-    ``poll_s``: how often a held fold looks again."""
+    ``poll_s``: how often a held fold looks again; ``current``: whether an event was fetched in
+    the group's current generation."""
 
     def __init__(
         self,
@@ -62,6 +70,7 @@ class Handover:
         member: Callable[[], bool] = lambda: True,
         why_not_member: Callable[[], str] = lambda: "",
         poll_s: float = 0.05,
+        current: Callable[[Any], bool] = lambda _event: True,
     ) -> None:
         self.drain_s = drain_s
         self._leave = leave
@@ -70,6 +79,7 @@ class Handover:
         self._member = member
         self._why_not_member = why_not_member
         self._poll_s = poll_s
+        self._current = current
         self._lock = asyncio.Lock()  # held while a batch is folded and written
         self.revoked: frozenset[Any] = frozenset()  # revoked from this worker, not assigned to it again
         self.stopping = False  # the worker stops: no batch is folded any more
@@ -90,9 +100,9 @@ class Handover:
                 # A revocation while the fold was held: a partition given back since is recovered
                 # from its changelog and read again from the group's commit; these events were
                 # fetched before, against a table that no longer is.
-                keep = self._left(events, lambda _tp: True)
-            elif revoked and any(e.message.tp in revoked for e in events):
-                keep = self._left(events, revoked.__contains__)
+                keep = self._left(events, lambda _event: True)
+            elif any(not self._current(e) or e.message.tp in revoked for e in events):
+                keep = self._left(events, lambda e: not self._current(e) or e.message.tp in revoked)
             else:
                 keep = list(events)
             self._in_flight = keep
@@ -148,7 +158,7 @@ class Handover:
     def _left(self, events: Sequence[Any], gone: Callable[[Any], bool]) -> list[Any]:
         keep = []
         for event in events:
-            if gone(event.message.tp):
+            if gone(event):
                 self._leave(event)
             else:
                 keep.append(event)

@@ -303,9 +303,15 @@ class LedgerProcessor:
             self._forget_partitions,
             member=self._member,
             why_not_member=self._why_not_member,
+            current=self._fetched_in_this_generation,
         )
         self.app.before_stop = self._stopping
         self._register()
+
+    def _fetched_in_this_generation(self, event: Any) -> bool:
+        # faust stamps each message with the group generation it was fetched in, and its stream
+        # skips those of an earlier one; its take buffer does not (handover's module docstring).
+        return bool(event.message.generation_id == self.app.consumer_generation_id)
 
     # -- wiring ----------------------------------------------------------------------------
 
