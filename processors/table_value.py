@@ -10,7 +10,9 @@ Layout (format 2)::
 The ``Effect`` is serialized generically (every dataclass field, nested dataclasses tagged with
 their class name, enums by value), so a field added to ``Effect`` or to an event survives a round
 trip without a change here. Large strings (requests, receipt values) go to blobs, stored once
-however many fields repeat them (an effect's latest intent is also one of its facts).
+however many fields repeat them (an effect's latest intent is also one of its facts). Each
+dataclass's walk is made once, from its fields, and the JSON text is orjson's where installed:
+the same bytes as the standard library's (``_skeleton`` says when the standard library writes).
 
 Bounded by construction: ``slim`` keeps a payload (an intent's request, a receipt's or a
 resolution's value) only where the fold reads it (the latest intent's request, for reconcilers,
@@ -67,6 +69,32 @@ def _json_writer() -> Callable[[Any], str]:
 
 
 _to_json = _json_writer()
+
+
+def _orjson_dumps() -> Callable[[Any], bytes] | None:
+    """orjson's ``dumps``: the same text as ``_to_json`` (no spaces, no ASCII escapes), encoded,
+    about eight times as fast; None where the [processor] extra's orjson is absent."""
+    try:
+        import orjson
+    except ImportError:  # pragma: no cover - the stdlib writes the same bytes
+        return None
+    return orjson.dumps
+
+
+_dumps = _orjson_dumps()
+
+
+def _skeleton(w: _Writer, data: Any) -> bytes:
+    """The JSON text of ``data`` (walked by ``w``), UTF-8. orjson writes what the stdlib writes for
+    strings, ints, bools and None; it refuses a lone surrogate (which the stdlib's text keeps, encoded
+    with surrogatepass) and an int beyond 64 bits, and formats floats its own way: those go to the
+    stdlib."""
+    if _dumps is not None and w.exact:
+        try:
+            return _dumps(data)
+        except TypeError:  # orjson.JSONEncodeError is a TypeError
+            pass
+    return _to_json(data).encode("utf-8", "surrogatepass")
 
 
 class TableValueTooLarge(ValueError):
@@ -149,35 +177,35 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
 class _Writer:
     """Walks an object into JSON-able data. Strings of ``BLOB_BYTES`` or more become {"$": i}
     (blob i); a dataclass object met again (an effect's intent is also one of its facts) becomes
-    {"^": n}, n counting dataclass objects in the order they were first met."""
+    {"^": n}, n counting dataclass objects in the order they were first met. ``exact`` turns False
+    on a float: the stdlib's JSON text is then written (``_skeleton``)."""
 
     def __init__(self) -> None:
         self.blobs: dict[str, int] = {}
         self.seen: dict[int, int] = {}
+        self.exact = True
 
     def dump(self, obj: Any) -> Any:
         t = type(obj)
         if t is str:
             return obj if len(obj) < BLOB_BYTES else {"$": self.blobs.setdefault(obj, len(self.blobs))}
-        if obj is None or t is int or t is bool or t is float:
+        if obj is None or t is int or t is bool:
             return obj
+        dump_object = _DUMPERS.get(t)
+        if dump_object is not None:
+            return dump_object(self, obj)
+        if t is tuple or t is list:  # the common items kept as they are, like a dataclass's fields
+            return [
+                x if (type(x) is str and len(x) < BLOB_BYTES) or x is None or type(x) is int else self.dump(x)
+                for x in obj
+            ]
         if isinstance(obj, enum.Enum):
             return obj.value
-        names = _field_names(t)  # type: ignore[arg-type]  # any type is hashable
-        if names is not None:
-            ref = self.seen.get(id(obj))
-            if ref is not None:
-                return {"^": ref}
-            self.seen[id(obj)] = len(self.seen)
-            out: dict[str, Any] = {"@": t.__name__}
-            for n in names:  # the common field types inline: this runs for every table write
-                v = getattr(obj, n)
-                tv = type(v)
-                if (tv is str and len(v) < BLOB_BYTES) or v is None or tv is int or tv is bool:
-                    out[n] = v
-                else:
-                    out[n] = self.dump(v)
-            return out
+        if _field_names(t) is not None:  # type: ignore[arg-type]  # any type is hashable
+            return _dumper(t)(self, obj)
+        if t is float:
+            self.exact = False
+            return obj
         if isinstance(obj, str | int | float):  # a subclass (an enum is handled above)
             return obj
         if isinstance(obj, tuple | list):
@@ -187,6 +215,43 @@ class _Writer:
         if isinstance(obj, dict):
             return {"#": [[self.dump(k), self.dump(v)] for k, v in obj.items()]}
         raise TypeError(f"cannot store a {type(obj).__name__} in the table")
+
+
+# A dataclass's walk, made once per class: this runs for every table write. Each field's value is
+# kept as it is where ``_Writer.dump`` would return it unchanged (a short str, None, an int, a bool),
+# else walked by ``dump``; the fields in their order, so blobs and objects are numbered as before.
+_DUMPERS: dict[type, Callable[[_Writer, Any], dict[str, Any]]] = {}
+
+
+def _dumper(cls: type) -> Callable[[_Writer, Any], dict[str, Any]]:
+    made = _DUMPERS.get(cls)
+    if made is not None:
+        return made
+    names = _field_names(cls) or ()
+    lines = [
+        "def dump_object(w, obj):",
+        "    seen = w.seen",
+        "    ref = seen.get(id(obj))",
+        "    if ref is not None:",
+        "        return {'^': ref}",
+        "    seen[id(obj)] = len(seen)",
+        "    dump = w.dump",
+    ]
+    items = [f"'@': {cls.__name__!r}"]
+    for i, name in enumerate(names):
+        lines.append(f"    v{i} = obj.{name}")
+        lines.append(
+            f"    if not ((type(v{i}) is str and len(v{i}) < {BLOB_BYTES}) or v{i} is None or type(v{i}) is int"
+            f" or type(v{i}) is bool):"
+        )
+        lines.append(f"        v{i} = dump(v{i})")
+        items.append(f"{name!r}: v{i}")
+    lines.append("    return {" + ", ".join(items) + "}")
+    scope: dict[str, Any] = {}
+    exec("\n".join(lines), scope)  # noqa: S102 - the code is made from the dataclass's own field names
+    made = scope["dump_object"]
+    _DUMPERS[cls] = made
+    return made
 
 
 Converter = Callable[["_Reader", Any], Any]
@@ -262,7 +327,7 @@ def _converter(hint: Any) -> Converter:
 def encode(effect: Effect, due_ms: int | None) -> bytes:
     """The table value of ``effect`` (slimmed). ``TableValueTooLarge`` over the limit."""
     w = _Writer()
-    skeleton = _to_json(w.dump(slim(effect))).encode("utf-8", "surrogatepass")
+    skeleton = _skeleton(w, w.dump(slim(effect)))
     blobs = w.blobs
     parts = [_HEADER.pack(FORMAT, -1 if due_ms is None else due_ms), _COUNT.pack(len(blobs))]
     for text in blobs:  # dicts keep insertion order: index i is the i-th blob

@@ -253,3 +253,81 @@ def test_the_value_is_what_a_plain_writer_writes(effect: Effect, due: int | None
     value = encode(effect, due)
     assert value == expected
     assert decode(value, CODEC.decode) == slim(effect)
+
+
+# -- values already written ------------------------------------------------------------------------
+
+# A value the encoder before orjson wrote (a claimed, confirmed effect with log times, a non-ASCII
+# request; due 1234): what the changelog and the stores hold. It must decode, and the encoder must
+# write the same bytes (the layout did not change, only how it is written).
+WRITTEN_BEFORE = bytes.fromhex(
+    "0200000000000004d2000000007b2240223a22456666656374222c226566666563745f6964223a227061796d656e74733a6b222c22666163"
+    "7473223a5b7b2240223a22496e74656e74222c226576656e745f6964223a22692d312d30222c226566666563745f6964223a227061796d65"
+    "6e74733a6b222c2261745f6d73223a313730303030303030303031302c22617474656d7074223a312c22746172676574223a227061796d65"
+    "6e7473222c226f7065726174696f6e223a22726566756e642e637265617465222c226e616d657370616365223a2264656661756c74222c22"
+    "72756e5f6964223a2272756e222c2273746570223a2273746570222c2272657175657374223a227b5c22615c223a5c22c3a95c5c75323032"
+    "385c222c5c226e5c223a317d222c22726571756573745f646967657374223a22646464646464646464646464646464646464646464646464"
+    "64646464646464646464646464646464646464646464646464646464646464646464646464646464222c22646561646c696e655f6d73223a"
+    "313730303030303036303030312c22776f726b6572223a2277222c226b65796564223a747275652c226c616e64735f77697468696e5f6d73"
+    "223a6e756c6c7d2c7b2240223a224578656375746564222c226576656e745f6964223a22782d31222c226566666563745f6964223a227061"
+    "796d656e74733a6b222c2261745f6d73223a313730303030303030303031312c22617474656d7074223a312c226f7574636f6d65223a224f"
+    "4b222c226572726f72223a6e756c6c2c2263616c6c5f737461727465645f6d73223a313730303030303030303030302c2263616c6c5f656e"
+    "6465645f6d73223a313730303030303030303030312c22726563656970745f646561646c696e655f6d73223a6e756c6c2c22776f726b6572"
+    "223a2277227d2c7b2240223a2252656365697074222c226576656e745f6964223a2272632d312d722d31222c226566666563745f6964223a"
+    "227061796d656e74733a6b222c2261745f6d73223a313730303030303030303031322c22617474656d7074223a312c22726563656970745f"
+    "6964223a22722d31222c22736f75726365223a2243414c4c222c2276616c7565223a227b5c2269645c223a5c2272655f315c227d227d2c7b"
+    "2240223a22436c61696d6564222c226576656e745f6964223a22636c61696d3a313a7061796d656e74733a6b222c226566666563745f6964"
+    "223a227061796d656e74733a6b222c2261745f6d73223a313730303030303030303031302c22617474656d7074223a312c22696e74656e74"
+    "5f6964223a22692d312d30222c22776f726b6572223a2277227d5d2c227374617465223a22434f4e4649524d4544222c22617474656d7074"
+    "223a312c22696e74656e74223a7b225e223a317d2c2266697273745f696e74656e74223a7b225e223a317d2c2272656365697074223a7b22"
+    "40223a2245766964656e6365222c22726563656970745f6964223a22722d31222c2276616c7565223a227b5c2269645c223a5c2272655f31"
+    "5c227d222c22736f75726365223a2243414c4c222c22617474656d7074223a312c2261745f6d73223a313730303030303030303031327d2c"
+    "22726563656970745f696473223a5b22722d31225d2c22657865637574696f6e73223a312c22666c616773223a5b5d2c22646561646c696e"
+    "655f6d73223a6e756c6c2c22637265617465645f6d73223a313730303030303030303031352c22757064617465645f6d73223a3137303030"
+    "30303030303031382c22726561736f6e223a6e756c6c2c226c6f67676564223a5b5b22636c61696d3a313a7061796d656e74733a6b222c31"
+    "3730303030303030303031355d2c5b22692d312d30222c313730303030303030303031355d2c5b2272632d312d722d31222c313730303030"
+    "303030303031385d2c5b22782d31222c313730303030303030303031365d5d7d"
+)
+
+
+def _written_before_effect() -> Effect:
+    e: Effect | None = None
+    for ev, log_ms in ((intent(1, '{"a":"é\\u2028","n":1}'), T + 15), (executed(1), T + 16),
+                       (receipt(1, '{"id":"re_1"}'), T + 18)):  # fmt: skip
+        e, _ = apply(e, ev, log_ms)
+        verdict = claim_verdict(e, ev)
+        if verdict is not None:
+            e, _ = apply(e, verdict, log_ms)
+    assert e is not None
+    return e
+
+
+def test_a_value_written_before_decodes_and_is_written_the_same() -> None:
+    e = _written_before_effect()
+    assert decode(WRITTEN_BEFORE, CODEC.decode) == e
+    assert encode(e, 1234) == WRITTEN_BEFORE
+
+
+@pytest.mark.parametrize("orjson", [True, False], ids=["orjson", "stdlib"])
+def test_both_json_writers_write_the_same_bytes(orjson: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without orjson (an install without the [processor] extra) the stdlib writes the same value."""
+    if not orjson:
+        monkeypatch.setattr(table_value, "_dumps", None)
+    assert encode(_written_before_effect(), 1234) == WRITTEN_BEFORE
+
+
+@pytest.mark.parametrize("text", ["\ud800 lone surrogate", "ok"], ids=["lone surrogate", "plain"])
+def test_what_orjson_refuses_is_written_by_the_stdlib(text: str) -> None:
+    """orjson refuses a lone surrogate (the stdlib's text keeps it, encoded with surrogatepass), an int
+    beyond 64 bits, and writes floats its own way: each goes to the stdlib, and reads back."""
+    e = fold([intent(1, text)])
+    assert e is not None
+    value = encode(e, None)
+    assert value == reference_encode(e, None)
+    assert decode(value, CODEC.decode) == e
+    w = table_value._Writer()
+    data = w.dump({"big": 2**70, "float": 0.1})
+    assert not w.exact  # a float: the stdlib's text
+    assert json.loads(table_value._skeleton(w, data)) == {"#": [["big", 2**70], ["float", 0.1]]}
+    w = table_value._Writer()
+    assert table_value._skeleton(w, w.dump([2**70])) == b"[1180591620717411303424]"
