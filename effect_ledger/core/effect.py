@@ -136,7 +136,10 @@ class Effect:
 
     def has(self, event_id: str) -> bool:
         """Whether the event with this id is already among the facts (a redelivery is a no-op)."""
-        return any(f.event_id == event_id for f in self.facts)
+        for f in self.facts:  # a loop, not any() over a generator: this runs for every event folded
+            if f.event_id == event_id:
+                return True
+        return False
 
     def log_time(self, fact: Event) -> int:
         """When the log took ``fact``: its recorded log time, else its writer's ``at_ms``."""
@@ -486,13 +489,15 @@ def _evidence_of(f: Event) -> Evidence | None:
 
 
 def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, int], ...] = ()) -> Effect:
-    # One pass (this runs for every event folded). Facts are sorted by attempt first, so the
-    # latest attempt's facts are the tail of the tuple.
-    if logged:
-        times = dict(logged)
+    # One pass (this runs for every event folded): each fact's log time, the intents, claims and
+    # receipts, and the writers' clocks that ran ahead, gathered together. Facts are sorted by
+    # attempt first, so the latest attempt's facts are the tail of the tuple.
+    times: dict[str, int] | None = dict(logged) if logged else None
+    if times is not None:
+        known = times
 
         def log_of(f: Event) -> int:
-            return times.get(f.event_id, f.at_ms)
+            return known.get(f.event_id, f.at_ms)
 
     else:
 
@@ -505,15 +510,19 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
     evidence: list[Evidence] = []
     absent_decisions: list[Decision] = []
     absent_answers: list[Resolution] = []
+    compensated: Decision | None = None
+    ahead: set[str] = set()
     ok_execs = 0
     created = updated = log_of(facts[0])
     first_latest = len(facts)
     for i, f in enumerate(facts):
-        at = log_of(f)
+        at = f.at_ms if times is None else times.get(f.event_id, f.at_ms)
         if at < created:
             created = at
         elif at > updated:
             updated = at
+        if f.at_ms - at > MAX_CLOCK_AHEAD_MS:  # never without log times: at is at_ms then
+            ahead.add(f.event_id)
         if f.attempt == attempt and i < first_latest:
             first_latest = i
         if isinstance(f, Intent):
@@ -531,14 +540,20 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
                 absent_decisions.append(f)
             elif isinstance(f, Resolution) and f.verdict is Verdict.ABSENT:
                 absent_answers.append(f)
+            if compensated is None and isinstance(f, Decision) and f.decision is DecisionKind.COMPENSATED:
+                compensated = f
     latest = facts[first_latest:]
     owned, lost = intents, False
     if claims:
         owned, latest, lost = _arbitrated(intents, latest, claims)
-    intent = next((f for f in reversed(owned) if f.attempt == attempt), owned[-1] if owned else None)
+    intent = owned[-1] if owned else None
+    if intent is not None and intent.attempt != attempt:
+        intent = next((f for f in reversed(owned) if f.attempt == attempt), intent)
     if len(evidence) > 1:
         evidence.sort(key=lambda e: (e.at_ms, e.receipt_id))
-    receipt_ids = tuple(sorted({e.receipt_id for e in evidence}))
+        receipt_ids = tuple(sorted({e.receipt_id for e in evidence}))
+    else:
+        receipt_ids = (evidence[0].receipt_id,) if evidence else ()
 
     flags: list[Flag] = []
     if ok_execs > 1:
@@ -551,28 +566,38 @@ def _derive(effect_id: str, facts: tuple[Event, ...], logged: tuple[tuple[str, i
         flags.append(Flag.NO_INTENT)
     if lost:
         flags.append(Flag.LOST_CLAIM)
-    if any(e.value.startswith(INEXACT_PREFIX) for e in evidence):
-        flags.append(Flag.INEXACT_RECEIPT)
+    for e in evidence:
+        if e.value.startswith(INEXACT_PREFIX):
+            flags.append(Flag.INEXACT_RECEIPT)
+            break
     # A writer's clock that ran ahead of the log's: flagged, and its ABSENT claims refused (_early).
-    ahead = {f.event_id for f in facts if f.at_ms - log_of(f) > MAX_CLOCK_AHEAD_MS} if logged else set()
     if ahead:
         flags.append(Flag.CLOCK_SKEW)
     # Only ABSENT decisions and answers need the windows; each counts once the log took it at or
     # after its attempt's call could no longer land (its deadline plus the intent's lands_within).
-    deadlines = _windows(intents, log_of) if absent_decisions or absent_answers else {}
-    early = [d for d in absent_decisions if _early(d, deadlines, log_of) or d.event_id in ahead]
-    if early:
-        flags.append(Flag.DECISION_IGNORED)
-    early_answers = [r for r in absent_answers if _early(r, deadlines, log_of) or r.event_id in ahead]
-    if early_answers:
-        flags.append(Flag.ANSWER_IGNORED)
+    early: list[Decision] = []
+    deadlines: dict[int, int] = {}
+    if absent_decisions or absent_answers:
+        deadlines = _windows(intents, log_of)
+        early = [d for d in absent_decisions if _early(d, deadlines, log_of) or d.event_id in ahead]
+        if early:
+            flags.append(Flag.DECISION_IGNORED)
+        early_answers = [r for r in absent_answers if _early(r, deadlines, log_of) or r.event_id in ahead]
+        if early_answers:
+            flags.append(Flag.ANSWER_IGNORED)
 
-    state, reason, deadline = _state_of(facts, latest, intent, evidence, deadlines, log_of, ahead)
-    ignored = [d for d in early if d.attempt == attempt]
-    if ignored and state in UNSETTLED_STATES:
-        d = ignored[0]
-        note = f"ABSENT decision by {d.by} ignored: made while attempt {d.attempt} could still land"
-        reason = f"{reason}; {note}" if reason else note
+    if compensated is not None:
+        state, reason, deadline = State.COMPENSATED, f"compensated by {compensated.by}: {compensated.reason}", None
+    elif evidence:
+        state, reason, deadline = State.CONFIRMED, None, None
+    else:
+        state, reason, deadline = _state_of(latest, intent, deadlines, log_of, ahead)
+    if early:
+        ignored = [d for d in early if d.attempt == attempt]
+        if ignored and state in UNSETTLED_STATES:
+            d = ignored[0]
+            note = f"ABSENT decision by {d.by} ignored: made while attempt {d.attempt} could still land"
+            reason = f"{reason}; {note}" if reason else note
     return Effect(
         effect_id=effect_id,
         facts=facts,
@@ -638,25 +663,27 @@ def _windows(intents: list[Intent], log_of: Callable[[Event], int]) -> dict[int,
 
 
 def _state_of(
-    facts: tuple[Event, ...],
     latest: tuple[Event, ...],
     intent: Intent | None,
-    evidence: list[Evidence],
     deadlines: dict[int, int],
     log_of: Callable[[Event], int],
     ahead: set[str],
 ) -> tuple[State, str | None, int | None]:
-    """(state, reason, deadline) per the table in the module docstring."""
-    for f in facts:
-        if isinstance(f, Decision) and f.decision is DecisionKind.COMPENSATED:
-            return State.COMPENSATED, f"compensated by {f.by}: {f.reason}", None
-    if evidence:
-        return State.CONFIRMED, None, None
-
-    decisions = [f for f in latest if isinstance(f, Decision)]
-    execs = [f for f in latest if isinstance(f, Executed)]
-    resolutions = [f for f in latest if isinstance(f, Resolution)]
-    timeouts = {f.phase for f in latest if isinstance(f, Timeout)}
+    """(state, reason, deadline) per the table in the module docstring, from the latest attempt's
+    facts, for an effect neither compensated nor confirmed (``_derive`` decides those)."""
+    decisions: list[Decision] = []
+    execs: list[Executed] = []
+    resolutions: list[Resolution] = []
+    timeouts: set[TimeoutPhase] = set()
+    for f in latest:  # one pass, each kind in its order
+        if isinstance(f, Executed):
+            execs.append(f)
+        elif isinstance(f, Decision):
+            decisions.append(f)
+        elif isinstance(f, Resolution):
+            resolutions.append(f)
+        elif isinstance(f, Timeout):
+            timeouts.add(f.phase)
 
     for d in decisions:
         if d.decision is DecisionKind.ABANDONED:
