@@ -268,9 +268,10 @@ class LedgerProcessor:
         self.processed: dict[int, int] = {}  # partition -> last offset of effects.events folded
         self.processed_decisions: dict[int, int] = {}  # the same for effects.decisions
         self.missing_rights: list[str] = []  # Kafka rights the ACLs took away since the start (check_rights)
-        # Most recently written last. An OrderedDict: evicting a plain dict's first key makes
-        # next(iter()) step over every key deleted before it (9 µs a write at 10,000 keys, not 0.7).
-        self._cache: OrderedDict[str, tuple[bytes, Effect]] = OrderedDict()
+        # Most recently written last, each as (table value, effect, table key). An OrderedDict:
+        # evicting a plain dict's first key makes next(iter()) step over every key deleted before it
+        # (9 µs a write at 10,000 keys, not 0.7).
+        self._cache: OrderedDict[str, tuple[bytes, Effect, bytes]] = OrderedDict()
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
         self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
         # The lookups ask the broker for high watermarks through a client of their own: faust's
@@ -623,7 +624,7 @@ class LedgerProcessor:
         # faust's current event all the same, for what faust sends meanwhile (a dead letter).
         with faust_internals.as_current_event(last):
             cached = self._cache.get(key)
-            tkey = self.table_key(key)
+            tkey = cached[2] if cached is not None else self.table_key(key)  # faust's serializer: µs a key
             # A key this worker wrote since it was given the partition is in the table as cached
             # (the cache is emptied whenever partitions are revoked): no read.
             previous = cached[0] if cached is not None else self.read_table(part, tkey)
@@ -664,7 +665,7 @@ class LedgerProcessor:
             self.out.put(part, tkey, result.value)
         for b, a, ev in result.steps:
             self._observe(b, a, ev)
-        self._cache[key] = (result.value, after)
+        self._cache[key] = (result.value, after, tkey)
         self._cache.move_to_end(key)
         if len(self._cache) > _CACHE_KEYS:
             self._cache.popitem(last=False)

@@ -132,6 +132,14 @@ def _slim_fact(f: Any, keep: set[int]) -> Any:
 def slim(effect: Effect) -> Effect:
     """``effect`` with only the payloads the fold reads: the latest intent's request and the
     earliest receipt's value. Its state, flags, receipt and every fact's identity are unchanged."""
+    for f in effect.facts:  # most effects hold no payload that large: nothing to look at twice
+        if isinstance(f, Intent):
+            if len(f.request) >= ELIDE_OVER:
+                break
+        elif isinstance(f, Receipt | Resolution) and f.value is not None and len(f.value) >= ELIDE_OVER:
+            break
+    else:
+        return effect
     keep = {id(effect.intent)}
     r = effect.receipt
     if r is not None:
