@@ -144,6 +144,24 @@ def describe(bad: dict[str, Any], n: int = 5) -> str:
     return f"{len(bad)} key(s) differ: " + "; ".join(out)
 
 
+def write_each(producer: RawProducer, keys: list[str], events: dict[str, list[Any]]) -> Callable[[int], None]:
+    """``write(i)``: the i-th event of every key, flushed."""
+
+    def write(i: int) -> None:
+        for k in keys:
+            producer.event(events[k][i])
+        producer.flush(30)
+
+    return write
+
+
+def published(states: TopicReader, keys: list[str], state: str) -> bool:
+    """Whether every key's latest published state is ``state`` (reads what came meanwhile)."""
+    states.poll()
+    latest = states.latest()
+    return all((s := latest.get(k)) is not None and s.state.value == state for k in keys)
+
+
 def settled(cfg: KafkaConfig, states: TopicReader, expected: dict[str, Any], commit_wait: float) -> None:
     """Every key's last published state becomes its single fold (within 60 s), and the processors'
     group commits every event (within ``commit_wait``)."""

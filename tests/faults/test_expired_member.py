@@ -15,7 +15,6 @@ partitions. Checked before the fix: A wrote to Kafka while B owned everything.""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -24,8 +23,8 @@ import pytest
 from effect_ledger.processors.faust_settings import SESSION_TIMEOUT_S
 from effect_ledger.streams.config import KafkaConfig
 from tests.faults import broker_link
-from tests.faults._flow import committed_through_end, rebuilt, settled
-from tests.faults.test_revoked_in_flight import WAIT, LinkedProcessor, _scenario, socket_dir  # noqa: F401
+from tests.faults._flow import committed_through_end, published, rebuilt, settled, write_each
+from tests.faults.test_revoked_in_flight import WAIT, linked, socket_dir  # noqa: F401
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
@@ -47,26 +46,14 @@ def test_a_worker_whose_session_expired_writes_nothing_while_another_owns_its_pa
     socket_dir: str,  # noqa: F811
 ) -> None:
     cfg = kafka_config
-    port, keys, events, expected = _scenario(cfg, "confirmed")  # intent, executed, receipt
-    sock = os.path.join(socket_dir, "broker")
-    link = broker_link.link_to(("127.0.0.1", port), sock)
-    a = LinkedProcessor(cfg, tmp_path / "data-a", sock, port)
+    # each key: its intent, executed and receipt events
+    link, a, keys, events, expected = linked(cfg, tmp_path / "data-a", socket_dir, "confirmed")
     b = Processor(cfg, tmp_path / "data-b")
-    producer = RawProducer(cfg)
-
-    def write(i: int) -> None:
-        for k in keys:
-            producer.event(events[k][i])
-        producer.flush(30)
-
-    def published(state: str) -> bool:
-        states.poll()
-        latest = states.latest()
-        return all((s := latest.get(k)) is not None and s.state.value == state for k in keys)
+    write = write_each(RawProducer(cfg), keys, events)
 
     with TopicReader(cfg, cfg.topics.state) as states, running(a):
         write(0)
-        wait_for(lambda: published("PENDING"), WAIT, "worker A to fold every key's intent")
+        wait_for(lambda: published(states, keys, "PENDING"), WAIT, "worker A to fold every key's intent")
         link.hold_requests(GROUP_REQUESTS)
         held_at = time.monotonic()
         with running(b):
@@ -83,7 +70,7 @@ def test_a_worker_whose_session_expired_writes_nothing_while_another_owns_its_pa
             before = link.count(PRODUCE)
             write(1)
             write(2)
-            wait_for(lambda: published("CONFIRMED"), WAIT, "worker B to fold every key's receipt")
+            wait_for(lambda: published(states, keys, "CONFIRMED"), WAIT, "worker B to fold every key's receipt")
             # A fetched them too (its fetches go through): it folds them and writes (before the fix),
             # or says it holds its fold.
             wait_for(lambda: link.count(PRODUCE) > before or HELD in a.log(), WAIT, "worker A to fold or hold")

@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import pytest
 
@@ -38,8 +38,10 @@ from tests.faults._flow import (
     key_events,
     mismatches,
     now_ms,
+    published,
     rebuilt,
     settled,
+    write_each,
 )
 from tests.faults.test_tail_broker_gone import advertised
 from tests.services import Processor, wait_for
@@ -105,30 +107,37 @@ def _scenario(cfg: KafkaConfig, shape: str) -> tuple[int, list[str], dict[str, l
     return port, keys, events, {k: to_state(e) for k, e in folded.items() if e is not None}
 
 
+class Linked(NamedTuple):
+    """A worker linked to the broker (``LinkedProcessor``), its link, and a key per partition with
+    each key's events of a shape and its single fold."""
+
+    link: broker_link.Forwarder
+    worker: LinkedProcessor
+    keys: list[str]
+    events: dict[str, list[Any]]
+    expected: dict[str, Any]
+
+
+def linked(cfg: KafkaConfig, data_dir: Path, socket_dir: str, shape: str, drain_s: float | None = None) -> Linked:
+    port, keys, events, expected = _scenario(cfg, shape)
+    sock = os.path.join(socket_dir, "broker")
+    link = broker_link.link_to(("127.0.0.1", port), sock)
+    return Linked(link, LinkedProcessor(cfg, data_dir, sock, port, drain_s), keys, events, expected)
+
+
 @pytest.mark.timeout(600)
 def test_a_batch_in_flight_at_revocation_lands_before_the_next_owner_folds(
     kafka_config: KafkaConfig, tmp_path: Path, socket_dir: str
 ) -> None:
     cfg = kafka_config
-    port, keys, events, expected = _scenario(cfg, "confirmed")  # intent, executed, receipt
-    link = broker_link.link_to(("127.0.0.1", port), os.path.join(socket_dir, "broker"))
-    a = LinkedProcessor(cfg, tmp_path / "data-a", os.path.join(socket_dir, "broker"), port)
+    # each key: its intent, executed and receipt events
+    link, a, keys, events, expected = linked(cfg, tmp_path / "data-a", socket_dir, "confirmed")
     b = Processor(cfg, tmp_path / "data-b")
-    producer = RawProducer(cfg)
-
-    def write(i: int) -> None:
-        for k in keys:
-            producer.event(events[k][i])
-        producer.flush(30)
-
-    def published(state: str, among: list[str]) -> bool:
-        states.poll()
-        latest = states.latest()
-        return all((s := latest.get(k)) is not None and s.state.value == state for k in among)
+    write = write_each(RawProducer(cfg), keys, events)
 
     with TopicReader(cfg, cfg.topics.state) as states, running(a):
         write(0)
-        wait_for(lambda: published("PENDING", keys), WAIT, "worker A to fold every key's intent")
+        wait_for(lambda: published(states, keys, "PENDING"), WAIT, "worker A to fold every key's intent")
 
         link.hold(CLIENT_ID)  # A's writes wait for the broker; its consumer does not
         write(1)
@@ -143,7 +152,7 @@ def test_a_batch_in_flight_at_revocation_lands_before_the_next_owner_folds(
             owned = set((b.health() or {}).get("partitions") or ())
             ours = [k for k in keys if partition_for(k.encode(), cfg.partitions) in owned]
             deadline = time.monotonic() + 10
-            while ours and time.monotonic() < deadline and not published("CONFIRMED", ours):
+            while ours and time.monotonic() < deadline and not published(states, ours, "CONFIRMED"):
                 time.sleep(0.2)
             link.release()
 
@@ -170,16 +179,9 @@ def test_a_worker_stopped_while_its_batch_is_unacknowledged_does_not_commit_it(
     consumer committed what was acknowledged: the next worker started past the Executed events and
     every key stayed PENDING."""
     cfg = kafka_config
-    port, keys, events, expected = _scenario(cfg, "executed")  # intent, executed
-    sock = os.path.join(socket_dir, "broker")
-    link = broker_link.link_to(("127.0.0.1", port), sock)
-    a = LinkedProcessor(cfg, tmp_path / "data-a", sock, port, drain_s=3)
-    producer = RawProducer(cfg)
-
-    def write(i: int) -> None:
-        for k in keys:
-            producer.event(events[k][i])
-        producer.flush(30)
+    # each key: its intent and executed events
+    link, a, keys, events, expected = linked(cfg, tmp_path / "data-a", socket_dir, "executed", drain_s=3)
+    write = write_each(RawProducer(cfg), keys, events)
 
     with TopicReader(cfg, cfg.topics.state) as states:
         with running(a):

@@ -19,7 +19,6 @@ waits set to 1,000 s): A's session expired, it folded nothing until it rejoined 
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -28,9 +27,9 @@ import pytest
 from effect_ledger.processors.faust_settings import HEARTBEAT_WAIT_S, SESSION_TIMEOUT_S, throughput_settings
 from effect_ledger.streams.config import KafkaConfig
 from tests.faults import broker_link
-from tests.faults._flow import settled
+from tests.faults._flow import published, settled, write_each
 from tests.faults.test_expired_member import GROUP_REQUESTS
-from tests.faults.test_revoked_in_flight import WAIT, LinkedProcessor, _scenario, socket_dir  # noqa: F401
+from tests.faults.test_revoked_in_flight import WAIT, linked, socket_dir  # noqa: F401
 from tests.services import wait_for
 from tests.topic_io import RawProducer, TopicReader, running
 
@@ -50,25 +49,13 @@ def test_a_worker_whose_coordinator_connection_went_silent_keeps_its_partitions(
     socket_dir: str,  # noqa: F811
 ) -> None:
     cfg = kafka_config
-    port, keys, events, expected = _scenario(cfg, "confirmed")  # intent, executed, receipt
-    sock = os.path.join(socket_dir, "broker")
-    link = broker_link.link_to(("127.0.0.1", port), sock)
-    a = LinkedProcessor(cfg, tmp_path / "data-a", sock, port)
-    producer = RawProducer(cfg)
-
-    def write(i: int) -> None:
-        for k in keys:
-            producer.event(events[k][i])
-        producer.flush(30)
-
-    def published(state: str) -> bool:
-        states.poll()
-        latest = states.latest()
-        return all((s := latest.get(k)) is not None and s.state.value == state for k in keys)
+    # each key: its intent, executed and receipt events
+    link, a, keys, events, expected = linked(cfg, tmp_path / "data-a", socket_dir, "confirmed")
+    write = write_each(RawProducer(cfg), keys, events)
 
     with TopicReader(cfg, cfg.topics.state) as states, running(a):
         write(0)
-        wait_for(lambda: published("PENDING"), WAIT, "worker A to fold every key's intent")
+        wait_for(lambda: published(states, keys, "PENDING"), WAIT, "worker A to fold every key's intent")
         rebalances = (a.log().count(ASSIGNED), a.log().count(REVOKED))
         link.hold_requests(GROUP_REQUESTS, open_only=True)
         held_at = time.monotonic()
@@ -80,7 +67,7 @@ def test_a_worker_whose_coordinator_connection_went_silent_keeps_its_partitions(
         wait_for(lambda: link.count(HEARTBEAT) >= enough, WAIT, "A's heartbeats to go through again")
         write(1)
         write(2)
-        wait_for(lambda: published("CONFIRMED"), WAIT, "worker A to fold every key's receipt")
+        wait_for(lambda: published(states, keys, "CONFIRMED"), WAIT, "worker A to fold every key's receipt")
         log = a.log()
         assert (log.count(ASSIGNED), log.count(REVOKED)) == rebalances, (
             f"A's session expired and the group rebalanced ({time.monotonic() - held_at:.1f} s after the "
