@@ -123,7 +123,9 @@ from typing import Any
 
 import faust
 import faust.streams
-from aiokafka.errors import IllegalStateError
+from aiokafka.client import ConnectionGroup
+from aiokafka.conn import CloseReason
+from aiokafka.errors import IllegalStateError, RequestTimedOutError
 from faust.types import TP
 
 log = logging.getLogger(__name__)
@@ -333,7 +335,7 @@ def confirm_membership(app: faust.App, membership: Membership, heartbeat_wait_s:
                 node,
                 heartbeat_wait_s,
             )
-            drop_connection(coordinator._client, node, _coordination_group(), heartbeat_wait_s * 3)
+            drop_connection(coordinator._client, node, ConnectionGroup.COORDINATION, heartbeat_wait_s * 3)
             coordinator.coordinator_dead()
             return False
         # True also while the group rebalances: the member stays one until it rejoins (and is
@@ -354,19 +356,11 @@ def confirm_membership(app: faust.App, membership: Membership, heartbeat_wait_s:
     return True
 
 
-def _coordination_group() -> Any:
-    from aiokafka.client import ConnectionGroup
-
-    return ConnectionGroup.COORDINATION
-
-
 def drop_connection(client: Any, node: Any, group: Any, silent_s: float = 0.0) -> None:
     """Close the client's connection to ``node`` in ``group`` as timed out, as aiokafka does when a
     request runs past its timeout: every request waiting on it fails, the next one connects anew.
     With ``silent_s`` (and ``bound_requests`` installed), ``node`` is the last broker asked where
     the group's coordinator is for that long."""
-    from aiokafka.conn import CloseReason
-
     conn = client._conns.get((node, group))
     if conn is not None:
         conn.close(reason=CloseReason.CONNECTION_TIMEOUT)
@@ -380,8 +374,6 @@ def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float,
     answer (a coordinator lookup ``lookup_wait_s``), and a new connection ``connect_wait_s`` to
     open; ask a broker that did not answer in time where the coordinator is only when no other can
     be asked (module docstring). Idempotent; True when installed by this call."""
-    from aiokafka.errors import RequestTimedOutError
-
     consumer: Any = app.consumer
     client = consumer._thread._consumer._client
     if getattr(client, "_effect_ledger_bounded", False):
@@ -398,7 +390,7 @@ def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float,
         try:
             return await asyncio.wait_for(send(node_id, request, *args, **kwargs), wait)
         except TimeoutError:
-            group = kwargs.get("group", args[0] if args else _default_group())
+            group = kwargs.get("group", args[0] if args else ConnectionGroup.DEFAULT)
             log.warning(
                 "no answer from broker %s to %s in %.0f s: dropping the connection",
                 node_id,
@@ -437,12 +429,6 @@ def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float,
 
 _JOIN_GROUP = 11  # the Kafka protocol's API keys of JoinGroup and FindCoordinator
 _FIND_COORDINATOR = 10
-
-
-def _default_group() -> Any:
-    from aiokafka.client import ConnectionGroup
-
-    return ConnectionGroup.DEFAULT
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

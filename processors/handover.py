@@ -101,10 +101,8 @@ class Handover:
                 # from its changelog and read again from the group's commit; these events were
                 # fetched before, against a table that no longer is.
                 keep = self._left(events, lambda _event: True)
-            elif any(not self._current(e) or e.message.tp in revoked for e in events):
-                keep = self._left(events, lambda e: not self._current(e) or e.message.tp in revoked)
             else:
-                keep = list(events)
+                keep = self._left(events, lambda e: e.message.tp in revoked or not self._current(e))
             self._in_flight = keep
             try:
                 yield keep

@@ -376,18 +376,22 @@ class LedgerProcessor:
 
         app.on_rebalance_complete.connect(cast(Any, seek_uncommitted))
 
+        def watch_group() -> bool:
+            """Bound the consumer's requests and watch its membership (idempotent): True when the
+            membership was installed by this call."""
+            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S)
+            return faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S)
+
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too
         async def revoked(_app: Any, revoked: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_revoked", "revoked", revoked)
-            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S)
-            faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S)  # before the join: heard
+            watch_group()  # before the join: it is heard
             await self.handover.revoke(frozenset(revoked))
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]  # faust passes the assigned set too
         async def assigned(_app: Any, assigned: Any, **kwargs: Any) -> None:
             self._say_partitions("partitions_assigned", "assigned", assigned)
-            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S)
-            if faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S):
+            if watch_group():
                 # Installed only now: the join that assigned these was missed; its answer came
                 # before this signal (faust's assignment callbacks ran in between).
                 self.membership.confirmed(self.membership.clock())
