@@ -270,9 +270,8 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0, settle_s: float | None
     A topic the metadata does not show is asked about again for up to ``settle_s`` (default
     ``_METADATA_SETTLE_S``) before it is called missing: on a cluster, the broker answering may not
     have learnt yet of a topic another broker has just created (``ensure_topics`` saw its leaders
-    through another)."""
-    from confluent_kafka.admin import ConfigResource, ResourceType
-
+    through another). Its configs are asked about the same way (``_describe_configs``).
+    """
     admin = admin_client(cfg)
     md = admin.list_topics(timeout=timeout)
     settle = time.monotonic() + min(timeout, _METADATA_SETTLE_S if settle_s is None else settle_s)
@@ -294,15 +293,10 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0, settle_s: float | None
             durable = {"min.insync.replicas": str(min(2, floor)), **SAFE_ELECTION}
             specs.append(TopicSpec(name, len(meta.partitions), max(1, floor), durable))
     present = {s.name: md.topics[s.name] for s in specs if s.name in md.topics and md.topics[s.name].error is None}
-    configs: dict[str, dict[str, str]] = {}
-    if present:
-        resources = [ConfigResource(ResourceType.TOPIC, name) for name in present]
-        for res, fut in admin.describe_configs(resources, request_timeout=timeout).items():
-            entries = fut.result(timeout=timeout)
-            configs[res.name] = {k: str(entries[k].value) for k in CHECKED_CONFIGS if k in entries}
+    configs = _describe_configs(admin, list(present), timeout, settle)
     out = []
     for s in specs:
-        t = present.get(s.name)
+        t = present.get(s.name) if s.name in configs else None
         if t is None:
             out.append(TopicStatus(s, False, 0, 0, {}, (Drift(s.name, "missing", "-", "-"),)))
             continue
@@ -320,6 +314,37 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0, settle_s: float | None
                 drifts.append(Drift(s.name, k, have.get(k, "unknown"), s.config[k]))
         out.append(TopicStatus(s, True, partitions, replication, have, tuple(drifts)))
     return out
+
+
+def _describe_configs(admin: AdminClient, names: list[str], timeout: float, settle: float) -> dict[str, dict[str, str]]:
+    """The CHECKED_CONFIGS of each topic in ``names``, by name. Kafka sends a DescribeConfigs to any
+    broker, and one whose metadata trails the broker that listed the topic answers that it does
+    not know it: such a topic is asked about again until ``settle`` (a monotonic deadline, at least
+    a second from now), then left out (the caller calls it missing: it may have been deleted
+    meanwhile)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    settle = max(settle, time.monotonic() + 1.0)
+    configs: dict[str, dict[str, str]] = {}
+    pending = list(names)
+    while pending:
+        resources = [ConfigResource(ResourceType.TOPIC, name) for name in pending]
+        unknown = []
+        for res, fut in admin.describe_configs(resources, request_timeout=timeout).items():
+            try:
+                entries = fut.result(timeout=timeout)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise
+                unknown.append(res.name)
+                continue
+            configs[res.name] = {k: str(entries[k].value) for k in CHECKED_CONFIGS if k in entries}
+        if not unknown or time.monotonic() >= settle:
+            break
+        pending = unknown
+        time.sleep(0.2)
+    return configs
 
 
 def require_topics(cfg: KafkaConfig, timeout: float = 30.0) -> None:

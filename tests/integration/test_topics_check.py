@@ -157,3 +157,64 @@ def test_check_asks_again_about_a_topic_a_trailing_broker_does_not_show_yet(
     monkeypatch.setattr(admin, "admin_client", lambda cfg: TrailingBroker())
     drifts = [str(d) for s in check_topics(kafka_config) for d in s.drifts]
     assert drifts == [] and trailing["answers"] == 0, drifts
+
+
+def _trailing_describer(cfg: KafkaConfig, answers: int | None) -> tuple[object, dict[str, int]]:
+    """A client whose DescribeConfigs of ``cfg``'s events topic reaches, ``answers`` times (None:
+    always), a broker that does not know the topic: the real broker is asked about a name it has
+    never seen, and its own error comes back under the events topic's name."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    from effect_ledger.streams import admin
+
+    real = admin.admin_client(cfg)
+    asked = {"unknown": 0}
+
+    class TrailingBroker:
+        def __getattr__(self, name: str) -> object:
+            return getattr(real, name)
+
+        def describe_configs(self, resources: list[ConfigResource], **kwargs: object) -> dict[object, object]:
+            if answers is not None and asked["unknown"] >= answers:
+                return real.describe_configs(resources, **kwargs)
+            swapped = {}
+            for r in resources:
+                if r.name == cfg.topics.events:
+                    asked["unknown"] += 1
+                    swapped[ConfigResource(ResourceType.TOPIC, f"{cfg.prefix}never-created")] = r
+                else:
+                    swapped[r] = r
+            futures = real.describe_configs(list(swapped), **kwargs)
+            return {swapped[k]: f for k, f in futures.items()}
+
+    return TrailingBroker(), asked
+
+
+def test_check_asks_again_about_configs_a_trailing_broker_does_not_know_yet(
+    kafka_config: KafkaConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata showed the topic, and the broker that answers the DescribeConfigs does not know
+    it yet (it trails the others): asked again, not a crash of the whole check."""
+    from effect_ledger.streams import admin
+
+    ensure_topics(kafka_config)
+    client, asked = _trailing_describer(kafka_config, answers=2)
+    monkeypatch.setattr(admin, "admin_client", lambda cfg: client)
+    statuses = check_topics(kafka_config)
+    assert [str(d) for s in statuses for d in s.drifts] == [] and asked["unknown"] == 2
+    events = next(s for s in statuses if s.spec.name == kafka_config.topics.events)
+    assert events.exists and events.config["cleanup.policy"] == "delete"
+
+
+def test_a_topic_no_broker_describes_is_reported_missing(
+    kafka_config: KafkaConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Listed, then unknown to every DescribeConfigs until the check gives up (deleted meanwhile):
+    reported missing, the others checked as usual."""
+    from effect_ledger.streams import admin
+
+    ensure_topics(kafka_config)
+    client, asked = _trailing_describer(kafka_config, answers=None)
+    monkeypatch.setattr(admin, "admin_client", lambda cfg: client)
+    drifts = [str(d) for s in check_topics(kafka_config, settle_s=1.0) for d in s.drifts]
+    assert drifts == [f"{kafka_config.topics.events}: does not exist"] and asked["unknown"] >= 2, drifts
