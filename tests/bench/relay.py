@@ -41,18 +41,23 @@ _INSERT = "INSERT INTO events (event_id, effect_id, kind, at_ms, body, sent) VAL
 
 
 def _bulk_insert(store: Store, rows: list[tuple[str, str, str, int, bytes]]) -> None:
-    conn: sqlite3.Connection = store._db._conn
+    conn: sqlite3.Connection = store._conn
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(_INSERT, rows)
     conn.execute("COMMIT")
 
 
 def _reset(store: Store) -> None:
-    conn: sqlite3.Connection = store._db._conn
+    conn: sqlite3.Connection = store._conn
     conn.execute("BEGIN IMMEDIATE")
     conn.execute("UPDATE events SET sent = 0")
     conn.execute("COMMIT")
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+async def _on_writer(store: Store, fn: Any, *args: Any) -> None:
+    """``fn(store, *args)`` on the store's writer thread, where its connection lives."""
+    await asyncio.get_running_loop().run_in_executor(store._thread, fn, store, *args)
 
 
 def run(ctx: Context) -> BenchResult:
@@ -76,7 +81,7 @@ def run(ctx: Context) -> BenchResult:
                 for key, value, kind, _ in factory.bodies(i)
             ]
             t = time.perf_counter()
-            await store._run(_bulk_insert, store, rows)
+            await _on_writer(store, _bulk_insert, rows)
             fill = time.perf_counter() - t
             info["fill_s"] = round(fill, 2)
             info["fill_events_per_s"] = round(n / fill)
@@ -92,7 +97,7 @@ def run(ctx: Context) -> BenchResult:
                 order = ("raw", "relay") if rep % 2 == 0 else ("relay", "raw")
                 got: dict[str, float] = {}
                 cfgs = {which: ctx.kafka(f"relay-{which}") for which in order}
-                await store._run(_reset, store)
+                await _on_writer(store, _reset)
                 for which in order:
                     cfg = cfgs[which]
                     if which == "raw":

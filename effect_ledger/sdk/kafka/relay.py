@@ -1,19 +1,22 @@
 """The relay: pushes the SQLite outbox to ``effects.events`` (a person's decision, recorded with
 ``Ledger.decide``, to ``effects.decisions``: only principals its ACLs allow may write there).
 
-Order of durable writes, per batch:
+Order of durable writes, per row:
 
 1. read the oldest unsent rows (``sent = 0``, in ``seq`` order);
 2. produce them with an idempotent producer (``acks=all``, ``enable.idempotence``), keyed by
    effect_id, partitioned like Kafka's Java client (murmur2), headers naming the schema;
-3. wait for every delivery report;
-4. only then mark the delivered rows sent.
+3. wait for the row's delivery report;
+4. only then mark it sent.
 
-A batch is produced in a thread of the relay's own and settled before the next is produced, so a
-key's events never pass one another on the topic (batches produced from several threads interleave
-their rows, and a failed one would be sent again after later ones were delivered:
-``tests/integration/test_relay.py`` caught it under load); a ``sync`` caller's intent is
-acknowledged as soon as its own delivery report is in (``wait_acked``).
+Rows are produced, and their reports collected, in a thread of the relay's own, by one producer,
+as they are read: a row does not wait for the reports of rows of other keys, so a partition that
+cannot take writes (its leader dead or cut off) holds back its own keys only
+(``tests/cluster/test_stalled_partition.py``). A row whose key already has a row in flight waits
+for that one's report: a key's events never pass one another on the topic, even when one in
+flight fails and is sent again (``tests/integration/test_relay.py`` caught that under load, when
+batches were sent from several threads). A ``sync`` caller's intent is acknowledged as soon as its
+own delivery report is in (``wait_acked``).
 
 A crash between 3 and 4 sends those rows again on restart: at-least-once, and harmless, because
 every event carries its ``event_id`` and the fold ignores one it has seen. While the broker is down
@@ -26,7 +29,8 @@ even produced), or refused by the producer or the broker as too large or invalid
 (``PERMANENT``) — is dead-lettered, in this order: a ``DeadLetter`` (reason, bounded copy of the
 value) is produced to ``effects.dlq`` and waited for (best effort: the outbox is the record), then
 the row is marked ``sent = 2`` with its reason in ``dead_letters``. The relay goes on with the other
-rows, in their order. Any other error fails the batch, which is retried as before.
+rows, in their order. Any other error stops the producing: once the rows in flight are reported
+on, the relay reads the outbox again (the rows not acknowledged are still unsent) after a backoff.
 
 A row Kafka's ACLs refuse (``refused_by_acls``: this principal may not write its topic, a person's
 decision written with an agent's credential) is set aside the same way, with the missing right as
@@ -45,9 +49,11 @@ import itertools
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -113,16 +119,25 @@ _MAX_OFFSETS = 10_000  # intents' offsets kept for claim waiters (they ask withi
 _BATCH_OVERHEAD = 1024  # what a record batch adds to its records, with room to spare (Kafka: 61 bytes + per record)
 
 
+Row = tuple[int, str, str, bytes]  # an outbox row: (seq, effect_id, kind, body)
+
+# What a delivery report says of its row (``Relay._report_for``).
+_ACKED, _REFUSED, _BY_BROKER, _FAILED = range(4)
+_PUMP_WAIT_S = 0.2  # how long the relay's thread collects reports before the loop marks what came back
+_POLL_S = 0.005  # a poll's wait while reports are awaited: how soon appended rows are noticed
+
+
 @dataclass
 class _Produced:
-    """What became of a batch: the rows acknowledged, the rows refused for good (seq, reason), the
-    rows the broker refused with their batch (seq, reason: maybe not their fault), and the first
-    other error (the batch is then retried)."""
+    """What the reports collected say: the rows acknowledged, the rows refused for good (seq,
+    reason) with their ``rows`` (for the dead letters), the rows the broker refused with their
+    batch (seq, reason: maybe not their fault), and the first other error."""
 
     acked: list[int]
     refused: list[tuple[int, str]]
     by_broker: list[tuple[int, str]]
     error: str | None
+    rows: dict[int, Row] = field(default_factory=dict)
 
 
 class Relay:
@@ -163,6 +178,14 @@ class Relay:
         self._waiters = 0  # wait_acked calls waiting now: a delivered intent wakes them
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pool: ThreadPoolExecutor | None = None
+        # What is in flight, touched only by the relay's thread (and by send_all between pumps):
+        self._flight: dict[int, Row] = {}  # produced, not reported on yet
+        self._busy: dict[str, int] = {}  # effect_id -> its rows in flight or in _again
+        self._again: dict[int, Row] = {}  # refused with their batch: sent again once nothing is in flight
+        self._window = max(1, 2 * batch)  # rows in flight at most
+        # Delivery reports, appended by whichever thread polls the producer, read by _collect.
+        self._reports: deque[tuple[int, int, str | None]] = deque()
+        self._more = threading.Event()  # rows were appended: a pump waiting for reports returns
         store.add_listener(self._appended)
         self.metrics = metrics  # a LedgerMetrics: the outbox depth is read at scrape time, free here
         if metrics is not None:
@@ -171,6 +194,7 @@ class Relay:
     def _appended(self, seq: int) -> None:
         self._appended_through = max(self._appended_through, seq)
         self._wake.set()
+        self._more.set()
 
     async def _init_watermark(self) -> None:
         """Advance the watermark to what the file says is on Kafka (or dead-lettered, by any relay
@@ -222,48 +246,75 @@ class Relay:
                 except TimeoutError:
                     pass
 
-    async def send_all(self, max_batches: int | None = None, progress: Callable[[int], None] | None = None) -> int:
-        """Send unsent rows batch by batch until none are left (or ``max_batches``), one batch at a
-        time (see the module docstring). Pipelined: the rows of batch N are marked sent (on the
-        database's thread) while batch N+1 is produced (on the relay's thread); a batch is marked
-        only after all its delivery reports came back, and its acknowledged rows are marked even
-        when others of it failed (those are sent again)."""
+    async def send_all(self, progress: Callable[[int], None] | None = None) -> int:
+        """Send unsent rows until none are left; returns how many Kafka acknowledged (see the
+        module docstring for the order of writes).
+
+        Rows are produced as they are read, while earlier ones are still in flight, except a row
+        whose key has one in flight (or one to send again): it waits for that one. At most
+        ``2 * batch`` rows are in flight. Acknowledged rows are marked sent (on the database's
+        thread) as their reports come back, and the watermark advances to the end of the prefix of
+        rows all reported on. An error other than a refusal stops the producing; once nothing is in
+        flight it is raised, and the next call starts again from the outbox."""
         loop = self._loop = asyncio.get_running_loop()
         if self._pool is None:
-            # A thread of its own: a batch never queues behind the loop's other threaded work.
+            # A thread of its own: producing and polling never queue behind the loop's other work.
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-relay")
+        self._flight.clear()
+        self._busy.clear()
+        self._again.clear()
         total = 0
-        batches = 0
-        after = 0
+        cursor = 0  # the newest seq read from the outbox
+        deferred: list[Row] = []  # read, waiting for a row of their key in flight
+        error: str | None = None
         marking: asyncio.Future[None] | None = None
+        full = True  # the last read found a whole batch: there may be more
         try:
-            while max_batches is None or batches < max_batches:
-                rows = await self.store.unsent(self.batch, after)
-                if not rows:
+            while not self._stop.is_set():
+                rows: list[Row] = []
+                producing = error is None and not self._again
+                # Reading: while there is room, and there may be rows not read yet (this process
+                # appended some, or the last read was cut at a whole batch).
+                reading = producing and len(self._flight) < self._window and len(deferred) < self.batch
+                if producing:
+                    new: list[Row] = []
+                    if reading and (full or self._more.is_set()):
+                        self._more.clear()  # before reading: a row appended meanwhile sets it again
+                        new = await self.store.unsent(self.batch, cursor)
+                        full = len(new) == self.batch
+                        if new:
+                            cursor = new[-1][0]
+                    if deferred or new:
+                        rows, deferred = self._ready(deferred + new if deferred else new)
+                if rows or self._flight:
+                    produced = await loop.run_in_executor(self._pool, self._pump, rows, reading)
+                elif self._again:
+                    produced = await loop.run_in_executor(self._pool, self._send_again)
+                elif error is not None:
+                    raise RuntimeError(f"events not acknowledged by Kafka: {error}")
+                elif deferred:
+                    continue  # their keys' rows were reported on meanwhile
+                else:
                     break
-                producing = loop.run_in_executor(self._pool, self._send, rows)
-                try:
+                if produced.refused:
+                    await self._dead_letter(produced.rows, produced.refused)
+                if produced.acked:
                     if marking is not None:
                         await marking
-                        marking = None
-                finally:
-                    # Nothing is left producing when this returns: a retry must not send rows
-                    # twice at once.
-                    produced = await producing
-                if produced.refused and produced.error is None:
-                    await self._dead_letter(rows, produced.refused)
-                if produced.acked:
                     marking = asyncio.ensure_future(self.store.mark_sent(produced.acked))
-                total += len(produced.acked)
-                self.stats.sent += len(produced.acked)
-                if produced.error is not None:
-                    missing = len(rows) - len(produced.acked) - len(produced.refused)
-                    raise RuntimeError(f"{missing} of {len(rows)} events not acknowledged: {produced.error}")
-                after = rows[-1][0]
-                batches += 1
-                self.stats.batches += 1
-                await self._advance(after)  # on Kafka: a sync waiter may go on
-                if progress is not None:
+                    total += len(produced.acked)
+                    self.stats.sent += len(produced.acked)
+                    self.stats.batches += 1
+                error = error or produced.error
+                # On Kafka (or dead-lettered): every row up to the oldest still to be reported on.
+                through = cursor
+                for pending in (min(self._flight, default=None), min(self._again, default=None)):
+                    if pending is not None:
+                        through = min(through, pending - 1)
+                if deferred:
+                    through = min(through, deferred[0][0] - 1)
+                await self._advance(through)  # a sync waiter may go on
+                if progress is not None and produced.acked:
                     progress(total)
         finally:
             if marking is not None:
@@ -273,6 +324,18 @@ class Relay:
             # rows this one was waiting for: a row is marked sent only after some relay's ack.
             await self._init_watermark()
         return total
+
+    def _ready(self, rows: list[Row]) -> tuple[list[Row], list[Row]]:
+        """``rows`` (in seq order) split into those to produce now and those whose key has a row in
+        flight or to be sent again: they wait for it, so a key's events never pass one another."""
+        busy = self._busy
+        if not busy:
+            return rows, []
+        ready: list[Row] = []
+        waiting: list[Row] = []
+        for row in rows:
+            (waiting if row[1] in busy else ready).append(row)
+        return ready, waiting
 
     async def _advance(self, through: int) -> None:
         with self._offsets_lock:
@@ -288,27 +351,67 @@ class Relay:
         fitted = {"message.max.bytes": self._max_message, "batch.size": self._max_message}
         return Producer(producer_config(self.cfg, **fitted, **self._producer_extra))
 
-    def _send(self, rows: list[tuple[int, str, str, bytes]]) -> _Produced:
-        """Produce a batch (in a worker thread); rows the broker refused with their batch are sent
-        again until each is acknowledged or refused on its own (see the module docstring)."""
-        wire = self._wire_codec()
-        rows = [(seq, key, kind, wire.to_wire(body)) for seq, key, kind, body in rows] if wire.frame_writes else rows
-        if not self._fitted and time.monotonic() >= self._next_fit:
-            self._fit_topic_limit()
-        first = self._produce(rows)
-        if not first.by_broker or first.error is not None:
-            return _Produced(first.acked, first.refused + first.by_broker, [], first.error)
-        log.warning("the broker refused %d rows with their batches; sending them again", len(first.by_broker))
+    def _pump(self, rows: list[Row], wake: bool) -> _Produced:
+        """(In the relay's thread.) Produce ``rows``, then collect delivery reports until nothing is
+        in flight, ``_PUMP_WAIT_S`` passed or (``wake``) rows were appended: the loop then marks
+        what came back and produces the new rows without waiting for the others."""
+        out = _Produced([], [], [], None)
+        if rows:
+            if not self._fitted and not self._flight and time.monotonic() >= self._next_fit:
+                self._fit_topic_limit()
+            self._enqueue(rows, out)
+        p = self._producer
+        deadline = time.monotonic() + _PUMP_WAIT_S
+        while True:
+            self._collect(out)
+            if not self._flight or self._stop.is_set() or (wake and self._more.is_set()):
+                break
+            if time.monotonic() >= deadline:
+                break
+            p.poll(_POLL_S)
+        out.acked.sort()  # delivery reports come per partition; marking wants seq order
+        out.refused.sort()
+        return out
+
+    def _send_again(self) -> _Produced:
+        """(In the relay's thread, nothing in flight.) The rows the broker refused with their
+        batches, sent again after fitting the producer to the topic's limit: together, then each
+        still refused alone, so that its refusal is its own."""
+        rows = [self._again[seq] for seq in sorted(self._again)]
+        for row in rows:
+            self._unbusy(row[1])
+        self._again.clear()
+        log.warning("the broker refused %d rows with their batches; sending them again", len(rows))
         self._fit_topic_limit()
-        by_seq = {r[0]: r for r in rows}
-        again = self._produce([by_seq[seq] for seq, _ in first.by_broker])
-        acked, refused, error = first.acked + again.acked, first.refused + again.refused, again.error
-        for seq, _ in again.by_broker:  # still refused: each alone, so its refusal is its own
-            alone = self._produce([by_seq[seq]])
-            acked += alone.acked
-            refused += alone.refused + alone.by_broker
-            error = error or alone.error
-        return _Produced(sorted(acked), sorted(refused), [], error)
+        out = self._settle(rows)
+        by_seq = {row[0]: row for row in rows}
+        for seq, _ in out.by_broker:
+            alone = self._settle([by_seq[seq]])
+            out.acked += alone.acked
+            out.refused += alone.refused + alone.by_broker
+            out.rows.update(alone.rows)
+            out.error = out.error or alone.error
+        out.by_broker = []
+        out.acked.sort()
+        out.refused.sort()
+        return out
+
+    def _settle(self, rows: list[Row]) -> _Produced:
+        """(In the relay's thread, nothing in flight.) Produce ``rows`` and wait for every report;
+        the rows refused with their batch are returned as such (in ``by_broker`` and ``rows``),
+        not kept to send again."""
+        out = _Produced([], [], [], None)
+        self._enqueue(rows, out)
+        while self._flight and not self._stop.is_set():
+            self._producer.poll(0.05)
+            self._collect(out)
+        for seq, _ in out.by_broker:
+            row = self._again.pop(seq)
+            self._unbusy(row[1])
+            out.rows[seq] = row
+        if out.error is None and self._flight:
+            out.error = "stopped before every delivery report came back"
+        return out
 
     def _wire_codec(self) -> Codec:
         if self._wire is None:
@@ -320,9 +423,10 @@ class Relay:
     def _fit_topic_limit(self) -> None:
         """Lower the producer's limits to the events topic's ``max.message.bytes`` (when it is below
         them), so a row too large for the topic is refused alone by the producer instead of taking
-        a batch down with it. Runs before the first batch and after a batch the broker refused,
-        between batches (nothing in flight); best effort: without an answer it is tried again in
-        30 s, and the broker's refusals are still handled row by row (``_send``)."""
+        a batch down with it. Runs before the first rows are produced and before rows the broker
+        refused with their batch are sent again, with nothing in flight; best effort: without an
+        answer it is tried again in 30 s, and the broker's refusals are still handled row by row
+        (``_send_again``)."""
         try:
             resource = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
             admin = AdminClient(self.cfg.confluent(log_level=0))  # a dead broker's refusals are not news
@@ -340,88 +444,104 @@ class Relay:
             self._producer = self._new_producer()
             old.flush(5)
 
-    def _produce(self, rows: list[tuple[int, str, str, bytes]]) -> _Produced:
-        """Produce rows and wait for every delivery report (runs in a worker thread)."""
-        acked: list[int] = []
-        refused: list[tuple[int, str]] = []
-        by_broker: list[tuple[int, str]] = []
-        first_error: str | None = None
-
-        offsets = self._offsets
-        offsets_lock = self._offsets_lock
-        forbidden = self.forbidden
-        reports = 0  # delivery reports of this batch that came back
-
-        def report_for(seq: int, size: int, intent: bool) -> Any:
-            def report(err: KafkaError | None, msg: Any) -> None:
-                nonlocal first_error, reports
-                reports += 1
-                if err is None:
-                    acked.append(seq)
-                    if intent:
-                        with offsets_lock:
-                            # No offset when the broker acknowledged a retried request as a
-                            # duplicate of one it had stored (idempotence, after a timeout):
-                            # delivered, but where is unknown; the claim then waits for the
-                            # partition's high watermark, which covers it.
-                            offset = msg.offset()
-                            offsets[seq] = (msg.partition(), offset) if offset is not None and offset >= 0 else None
-                        if self._waiters and self._loop is not None:  # a sync caller may go on now
-                            self._loop.call_soon_threadsafe(self._poke)
-                    if forbidden:
-                        forbidden.pop(msg.topic(), None)
-                elif refused_by_acls(err):  # set aside (like a dead letter), with the missing right
-                    right = f"Write on topic {msg.topic()}"
-                    forbidden[msg.topic()] = right
-                    refused.append((seq, f"{ACL_REFUSED} ({err.name()}): this principal lacks {right}"))
-                elif err.code() in PERMANENT:
-                    by_broker.append((seq, _refusal(size, err)))
-                elif first_error is None:
-                    first_error = str(err)
-
-            return report
-
+    def _enqueue(self, rows: list[Row], out: _Produced) -> None:
+        """(In the relay's thread.) Produce ``rows`` in their order, each into ``_flight``; a row
+        refused before it is queued (too large) goes to ``out.refused`` at once."""
+        wire = self._wire_codec()
+        frame = wire.to_wire if wire.frame_writes else None
         p = self._producer
-        produced = 0
+        flight, busy, headers = self._flight, self._busy, self._headers
         events, decisions = self.topic, self.decisions_topic
-        headers = self._headers
-        for seq, effect_id, kind, body in rows:
+        on_report = self._report
+        for row in rows:
+            seq, effect_id, kind, body = row
+            if frame is not None:
+                body = frame(body)
             if len(body) > MAX_EVENT_BYTES:
-                refused.append((seq, f"{len(body)}-byte event too large: over MAX_EVENT_BYTES ({MAX_EVENT_BYTES})"))
+                out.refused.append((seq, f"{len(body)}-byte event too large: over MAX_EVENT_BYTES ({MAX_EVENT_BYTES})"))
+                out.rows[seq] = row
                 continue
             header = headers.get(kind)
             if header is None:
                 header = headers[kind] = [(HEADER, f"effect_ledger.{kind}".encode())]
             topic = decisions if kind == "Decision" else events
+            report = partial(on_report, seq, len(body), kind == "Intent")
             while True:
                 try:
-                    report = report_for(seq, len(body), kind == "Intent")
                     p.produce(topic, body, effect_id, headers=header, on_delivery=report)
-                    produced += 1
-                    break
                 except BufferError:
                     p.poll(0.05)
+                    continue
                 except KafkaException as e:  # refused before it was queued (the producer's own limits)
                     err = e.args[0]
                     if err.code() not in PERMANENT:
                         raise
-                    refused.append((seq, _refusal(len(body), err)))
+                    out.refused.append((seq, _refusal(len(body), err)))
+                    out.rows[seq] = row
                     break
-        # Until this batch's own reports are in (counted, so a stop ends the wait at once).
-        while reports < produced:
-            if self._stop.is_set():
+                # Reports are served only by a poll, after this: the row is in flight before its report.
+                flight[seq] = row
+                busy[effect_id] = busy.get(effect_id, 0) + 1
                 break
-            p.poll(0.05)
-        acked.sort()  # delivery reports come per partition; marking wants seq order
-        refused.sort()
-        by_broker.sort()
-        if first_error is None and len(acked) + len(refused) + len(by_broker) < len(rows):
-            first_error = "stopped before every delivery report came back"
-        return _Produced(acked, refused, by_broker, first_error)
 
-    async def _dead_letter(self, rows: list[tuple[int, str, str, bytes]], refused: list[tuple[int, str]]) -> None:
+    def _report(self, seq: int, size: int, intent: bool, err: KafkaError | None, msg: Any) -> None:
+        """The delivery report of one row (``functools.partial`` binds the row): queued for
+        ``_collect``, since reports are served by whichever thread polls the producer; a delivered
+        intent's offset is kept for claim waiters at once."""
+        if err is None:
+            if intent:
+                with self._offsets_lock:
+                    # No offset when the broker acknowledged a retried request as a duplicate of one
+                    # it had stored (idempotence, after a timeout): delivered, but where is unknown;
+                    # the claim then waits for the partition's high watermark, which covers it.
+                    offset = msg.offset()
+                    self._offsets[seq] = (msg.partition(), offset) if offset is not None and offset >= 0 else None
+                if self._waiters and self._loop is not None:  # a sync caller may go on now
+                    self._loop.call_soon_threadsafe(self._poke)
+            if self.forbidden:
+                self.forbidden.pop(msg.topic(), None)
+            self._reports.append((seq, _ACKED, None))
+        elif refused_by_acls(err):  # set aside (like a dead letter), with the missing right
+            right = f"Write on topic {msg.topic()}"
+            self.forbidden[msg.topic()] = right
+            self._reports.append((seq, _REFUSED, f"{ACL_REFUSED} ({err.name()}): this principal lacks {right}"))
+        elif err.code() in PERMANENT:
+            self._reports.append((seq, _BY_BROKER, _refusal(size, err)))
+        else:
+            self._reports.append((seq, _FAILED, str(err)))
+
+    def _collect(self, out: _Produced) -> None:
+        """(In the relay's thread.) The reports that came back, into ``out``; their rows leave
+        ``_flight``. A row refused with its batch waits in ``_again``, its key still busy; so does
+        the key of a row that failed (the outbox is read again once nothing is in flight)."""
+        reports, flight = self._reports, self._flight
+        while reports:
+            seq, outcome, reason = reports.popleft()
+            row = flight.pop(seq, None)
+            if row is None:
+                continue  # a row produced by an earlier call of send_all, read and produced again
+            if outcome == _ACKED:
+                out.acked.append(seq)
+                self._unbusy(row[1])
+            elif outcome == _REFUSED:
+                out.refused.append((seq, reason or ""))
+                out.rows[seq] = row
+                self._unbusy(row[1])
+            elif outcome == _BY_BROKER:
+                out.by_broker.append((seq, reason or ""))
+                self._again[seq] = row
+            elif out.error is None:
+                out.error = reason
+
+    def _unbusy(self, key: str) -> None:
+        n = self._busy[key] - 1
+        if n:
+            self._busy[key] = n
+        else:
+            del self._busy[key]
+
+    async def _dead_letter(self, by_seq: dict[int, Row], refused: list[tuple[int, str]]) -> None:
         """Dead-letter the rows Kafka refused for good (see the module docstring for the order)."""
-        by_seq = {r[0]: r for r in rows}
         letters = [
             (
                 by_seq[seq][1],
