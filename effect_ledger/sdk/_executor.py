@@ -98,6 +98,18 @@ class _Passing(Exception):
         self.error = error
 
 
+def not_acknowledged(waited_s: float, sync_timeout: float) -> str:
+    """Why an attempt whose intent Kafka did not acknowledge in time was not called. Its wait is
+    what was left of ``sync_timeout`` when it began: earlier attempts of the same ``execute``,
+    refused for a cause that passes, may have taken the rest, and then the message says so."""
+    if waited_s < sync_timeout - 1.0:
+        return (
+            f"intent not acknowledged by Kafka in the {waited_s:.1f} s left of the {sync_timeout:g} s sync_timeout "
+            "(earlier attempts of this call were refused and took the rest); destination not called"
+        )
+    return f"intent not acknowledged by Kafka within {sync_timeout:g} s; destination not called"
+
+
 class Executor:
     """Carries out plans for one ledger: it owns the writes of an execution and of a reconciler's
     answer. ``targets`` is the ledger's own mapping (registering a target shows here too);
@@ -415,7 +427,7 @@ class Executor:
         reason = (
             f"intent refused by Kafka and dead-lettered ({refused}); destination not called"
             if refused is not None
-            else f"intent not acknowledged by Kafka within {self.sync_timeout:g} s; destination not called"
+            else not_acknowledged(wait, self.sync_timeout)
         )
         await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
         right = self.relay.forbidden.get(self.relay.topic)
