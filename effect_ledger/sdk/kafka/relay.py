@@ -363,6 +363,9 @@ class Relay:
         p = self._producer
         deadline = time.monotonic() + _PUMP_WAIT_S
         while True:
+            # Reports already back are served on every pass, even one that new rows cut short: a
+            # steady stream of appends must not keep the acknowledged rows from being collected.
+            p.poll(0)
             self._collect(out)
             if not self._flight or self._stop.is_set() or (wake and self._more.is_set()):
                 break
