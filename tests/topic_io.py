@@ -237,12 +237,19 @@ def recorded_times(cfg: KafkaConfig) -> None:
 
     admin = AdminClient(cfg.confluent())
     entry = ConfigEntry("message.timestamp.type", "CreateTime", incremental_operation=AlterConfigOpType.SET)
-    resources = [
-        ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry])
-        for t in (cfg.topics.events, cfg.topics.decisions)
-    ]
+    topics = (cfg.topics.events, cfg.topics.decisions)
+    resources = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry]) for t in topics]
     for fut in admin.incremental_alter_configs(resources).values():
         fut.result(30)
+    # The controller has committed the change; the broker applies it when it replays the metadata
+    # log, a moment later on a loaded machine. Until then it still stamps (and describes) LogAppendTime.
+    deadline = time.monotonic() + 30
+    while True:
+        described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics])
+        if all(f.result(30)["message.timestamp.type"].value == "CreateTime" for f in described.values()):
+            return
+        assert time.monotonic() < deadline, f"{topics}: message.timestamp.type still not CreateTime after 30 s"
+        time.sleep(0.05)
 
 
 def untimed(s: Any) -> Any:
