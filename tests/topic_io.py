@@ -22,7 +22,7 @@ from effect_ledger.sdk.kafka.relay import producer_config
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
-from tests.services import Service
+from tests.services import Service, wait_for
 
 S = TypeVar("S", bound=Service)
 ROOT = Path(__file__).resolve().parent.parent
@@ -241,15 +241,14 @@ def recorded_times(cfg: KafkaConfig) -> None:
     resources = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=[entry]) for t in topics]
     for fut in admin.incremental_alter_configs(resources).values():
         fut.result(30)
+
     # The controller has committed the change; the broker applies it when it replays the metadata
     # log, a moment later on a loaded machine. Until then it still stamps (and describes) LogAppendTime.
-    deadline = time.monotonic() + 30
-    while True:
+    def applied() -> bool:
         described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, t) for t in topics])
-        if all(f.result(30)["message.timestamp.type"].value == "CreateTime" for f in described.values()):
-            return
-        assert time.monotonic() < deadline, f"{topics}: message.timestamp.type still not CreateTime after 30 s"
-        time.sleep(0.05)
+        return all(f.result(30)["message.timestamp.type"].value == "CreateTime" for f in described.values())
+
+    wait_for(applied, 30, f"{topics} described with message.timestamp.type CreateTime")
 
 
 def untimed(s: Any) -> Any:

@@ -28,6 +28,7 @@ from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
 from tests.cluster.conftest import Cluster
 from tests.integration.test_relay import read_topic
+from tests.services import wait_for
 
 codec = default_codec()
 LONE = 1  # the node that alone holds partition 0 of the events topic
@@ -43,13 +44,6 @@ def _step_on(partition: int, taken: set[str]) -> str:
             taken.add(step)
             return step
     raise AssertionError(f"no step found on partition {partition}")
-
-
-def _until(what: str, ok: object, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not ok():  # type: ignore[operator]
-        assert time.monotonic() < end, f"not within {timeout:g} s: {what}"
-        time.sleep(0.05)
 
 
 def _create_laid_out(cfg: KafkaConfig, timeout: float = 90.0) -> None:
@@ -114,7 +108,7 @@ def test_a_partition_without_a_leader_holds_back_only_its_own_keys(cluster: Clus
             try:
                 waiting = asyncio.create_task(run(stalled))
                 await asyncio.to_thread(
-                    _until, "the stalled key's intent is in the outbox", lambda: intent_written(stalled)
+                    wait_for, lambda: intent_written(stalled), 30, "the stalled key's intent in the outbox"
                 )
                 try:  # on a live partition: acknowledged in milliseconds, whatever the dead one does
                     await asyncio.wait_for(run(live), LIVE_WITHIN_S)
