@@ -7,6 +7,7 @@ the operator CLI imports this module for ``BrokerUnavailable`` in the base insta
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from effect_ledger.streams.config import DEFAULT_REPLICATION, KafkaConfig, opera
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,9 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
 
     admin = admin_client(cfg)
     md = admin.list_topics(timeout=timeout)
-    specs = topic_specs(cfg.for_cluster(len(md.brokers)))
+    deadline = time.monotonic() + timeout
+    cfg = cfg.for_cluster(len(md.brokers), _declared_replication(admin, md, timeout))
+    specs = topic_specs(cfg)
     result: dict[str, str] = {}
     new = []
     for s in specs:
@@ -212,8 +217,10 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
             result[s.name] = "exists"
         else:
             new.append(NewTopic(s.name, num_partitions=s.partitions, replication_factor=s.replication, config=s.config))
-    if new:
+    waiting = False
+    while new:
         futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+        short = set()  # refused for want of brokers: fewer registered than the replication
         for name, fut in futures.items():
             try:
                 fut.result(timeout=timeout)
@@ -221,13 +228,62 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
             except KafkaException as e:
                 if e.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
                     result[name] = "exists"  # another process created it meanwhile
+                elif e.args[0].code() == KafkaError.INVALID_REPLICATION_FACTOR:
+                    short.add(name)
                 elif refused_by_acls(e.args[0]):
                     who = operator_identity(cfg)
                     raise NotAuthorized("creating the topics", who, [f"Create on topic {name}"]) from e
                 else:
                     raise
+        new = [t for t in new if t.topic in short]
+        if not new:
+            break
+        # A broker restarting, or a cluster still starting: created now, the topics would keep the
+        # lower replication for good (KafkaConfig.for_cluster). Wait for it, then say what is missing.
+        answering = len(admin.list_topics(timeout=timeout).brokers)
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"cannot create {len(new)} topic(s) under {cfg.prefix!r} with replication {cfg.replication}: only "
+                f"{answering} brokers answer (one down or starting?) after {timeout:g} s; start it, or set "
+                "EFFECTS_REPLICATION to the replication this cluster can give"
+            )
+        if not waiting:
+            waiting = True
+            log.warning(
+                "creating the topics with replication %d: %d brokers answer; waiting up to %.0f s for the others",
+                cfg.replication, answering, max(0.0, deadline - time.monotonic()),
+            )  # fmt: skip
+        time.sleep(0.5)
     _wait_for_leaders(admin, [s.name for s in specs], timeout)
     return result
+
+
+def _declared_replication(admin: AdminClient, md: Any, timeout: float) -> int | None:
+    """The ``default.replication.factor`` the cluster declares, asked only when one broker answers:
+    it tells a development broker (1, Kafka's default) from a cluster whose other brokers are down
+    or starting (``KafkaConfig.for_cluster``). None when it cannot be read (the principal may not
+    describe the cluster's configs)."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    if len(md.brokers) != 1:
+        return None
+    res = ConfigResource(ResourceType.BROKER, str(next(iter(md.brokers))))
+    try:
+        entries = admin.describe_configs([res], request_timeout=timeout)[res].result(timeout=timeout)
+        return int(entries["default.replication.factor"].value)
+    except Exception:  # refused, or not said: the number of brokers alone decides
+        return None
+
+
+def for_this_cluster(cfg: KafkaConfig, timeout: float = 30.0) -> KafkaConfig:
+    """``cfg`` with its replication decided by the cluster (``KafkaConfig.for_cluster``), once a
+    broker answers (``wait_ready``'s errors)."""
+    wait_ready(cfg, timeout)
+    if cfg.replication is not None:
+        return cfg
+    admin = admin_client(cfg)
+    md = admin.list_topics(timeout=timeout)
+    return cfg.for_cluster(len(md.brokers), _declared_replication(admin, md, timeout))
 
 
 def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
@@ -280,10 +336,12 @@ def check_topics(cfg: KafkaConfig, timeout: float = 30.0, settle_s: float | None
         time.sleep(0.2)
         md = admin.list_topics(timeout=timeout)
     brokers = len(md.brokers)
-    cfg = cfg.for_cluster(brokers)
-    # What a replicated deployment needs, whatever was configured: on three brokers or more,
-    # replication 3 and min.insync.replicas 2 (fewer brokers: all of them, and at most 2).
-    floor = min(DEFAULT_REPLICATION, brokers)
+    declared = _declared_replication(admin, md, timeout)
+    cfg = cfg.for_cluster(brokers, declared)
+    # What a replicated deployment needs, whatever was configured: on three brokers or more (or a
+    # cluster that declares a replication of 3), replication 3 and min.insync.replicas 2 (fewer
+    # brokers: all of them, and at most 2).
+    floor = min(DEFAULT_REPLICATION, max(brokers, declared or 1))
     specs = topic_specs(cfg)
     named = {s.name for s in specs}
     # The other topics under the prefix (the processor's changelog and assignor topics, whatever

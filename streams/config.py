@@ -116,12 +116,21 @@ class KafkaConfig:
             return self.min_insync_replicas
         return min(2, self.replication if self.replication is not None else DEFAULT_REPLICATION)
 
-    def for_cluster(self, brokers: int) -> KafkaConfig:
-        """This config with the replication decided for a cluster of ``brokers`` when none was set:
-        ``DEFAULT_REPLICATION`` (3), or every broker when there are fewer."""
+    def for_cluster(self, brokers: int, declared: int | None = None) -> KafkaConfig:
+        """This config with the replication decided for the cluster when none was set:
+        ``DEFAULT_REPLICATION`` (3), unless it is a development broker: one broker answers and the
+        cluster declares no replication above 1 (``declared``: its ``default.replication.factor``,
+        None when unknown).
+
+        ``brokers`` is how many brokers answer now, not how many the cluster has: two of three
+        answer during a rolling restart, or while a cluster starts. A topic's replication cannot be
+        raised by a later start, so two brokers never mean "replicate twice": a cluster that really
+        has two sets ``EFFECTS_REPLICATION``, and creation on fewer brokers than the replication
+        waits for them (``streams.admin.ensure_topics``)."""
         if self.replication is not None:
             return self
-        return replace(self, replication=max(1, min(DEFAULT_REPLICATION, brokers)))
+        development = brokers <= 1 and (declared is None or declared <= 1)
+        return replace(self, replication=1 if development else DEFAULT_REPLICATION)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> KafkaConfig:

@@ -430,7 +430,7 @@ def worker(
 
     from effect_ledger.processors.processor import ProcessorSettings
     from effect_ledger.processors.worker import run_worker
-    from effect_ledger.streams.admin import ensure_topics, require_topics, wait_ready
+    from effect_ledger.streams.admin import ensure_topics, for_this_cluster, require_topics
 
     targets = _targets(targets_spec) if targets_spec else {}  # a bad file: one line, before anything starts
     cfg = KafkaConfig.from_env(bootstrap=bootstrap, prefix=prefix, partitions=partitions, min_insync_replicas=min_isr)
@@ -456,7 +456,7 @@ def worker(
         check_exposure(metrics_host, metrics_token)
     # Replicated like a production cluster as soon as there are brokers to replicate to (unless
     # EFFECTS_REPLICATION says otherwise): the topics and the processor's own.
-    settings.kafka = cfg = cfg.for_cluster(wait_ready(cfg, broker_wait(30)))
+    settings.kafka = cfg = for_this_cluster(cfg, broker_wait(30))
     from effect_ledger.streams import rights
 
     # A right the worker lacks is one line naming it, not a worker that looks ready and folds nothing.

@@ -56,11 +56,24 @@ def test_defaults_without_environment(clean_env: pytest.MonkeyPatch) -> None:
     assert cfg.confluent() == {"bootstrap.servers": DEFAULT_BOOTSTRAP}
 
 
-@pytest.mark.parametrize(("brokers", "replication", "min_isr"), [(1, 1, 1), (2, 2, 2), (3, 3, 2), (5, 3, 2)])
-def test_the_cluster_decides_the_replication_unless_it_is_set(brokers: int, replication: int, min_isr: int) -> None:
-    decided = KafkaConfig().for_cluster(brokers)
+@pytest.mark.parametrize(
+    ("brokers", "declared", "replication", "min_isr"),
+    [
+        (1, None, 1, 1),  # a development broker
+        (1, 1, 1, 1),  # ... that says so (Kafka's default.replication.factor)
+        (1, 3, 3, 2),  # one broker of a cluster that declares 3 answers (the others down or starting)
+        (2, None, 3, 2),  # two answer: a cluster of three in a rolling restart, never "replicate twice"
+        (2, 1, 3, 2),
+        (3, None, 3, 2),
+        (5, None, 3, 2),
+    ],
+)
+def test_the_cluster_decides_the_replication_unless_it_is_set(
+    brokers: int, declared: int | None, replication: int, min_isr: int
+) -> None:
+    decided = KafkaConfig().for_cluster(brokers, declared)
     assert (decided.replication, decided.min_insync) == (replication, min_isr)
-    assert KafkaConfig(replication=1).for_cluster(brokers).replication == 1  # set: kept
+    assert KafkaConfig(replication=1).for_cluster(brokers, declared).replication == 1  # set: kept
 
 
 def test_reads_every_documented_variable(secure_env: pytest.MonkeyPatch) -> None:
