@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from effect_ledger.errors import OutputRefused
@@ -68,6 +69,10 @@ class BatchWriter:
         self._records: list[tuple[str, int, bytes, bytes | None, list[tuple[str, bytes]] | None]] = []
         self._errors: list[str] = []
         self._changelog_offsets: dict[int, int] = {}
+        # The wait for deliveries runs on a thread of its own: on the default executor it queued
+        # behind whatever else of the worker blocks there (the lookups' high watermark questions to
+        # a slow broker took all of its threads for seconds), and every lookup waits for the fold.
+        self._waiter: ThreadPoolExecutor | None = None
 
     def __len__(self) -> int:
         return len(self._records) + sum(len(v) for v in self._table.values())
@@ -118,8 +123,11 @@ class BatchWriter:
             except BufferError:
                 self._send(topic, partition, key, record, headers, on_output)
         # 3. every record acknowledged (the wait runs in a thread: the loop keeps serving lookups)
+        if self._waiter is None:
+            self._waiter = ThreadPoolExecutor(1, thread_name_prefix="effect-ledger-fold-writer")
+        loop = asyncio.get_running_loop()
         while len(self._producer) > 0:
-            await asyncio.to_thread(self._producer.flush, _FLUSH_SLICE_S)
+            await loop.run_in_executor(self._waiter, self._producer.flush, _FLUSH_SLICE_S)
         if self._errors:
             raise OutputRefused(f"Kafka refused {len(self._errors)} record(s) of the batch: {self._errors[0]}")
         # 4. where a restarted worker recovers the changelog from
@@ -129,6 +137,9 @@ class BatchWriter:
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is still queued (nothing, after a flush) and let the producer go."""
         self._producer.flush(timeout_s)
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=False)
+            self._waiter = None
 
     def _send(self, topic: str, partition: int, key: bytes, value: bytes | None,
               headers: list[tuple[str, bytes]] | None, on_delivery: Callable[[Any, Any], None]) -> None:  # fmt: skip

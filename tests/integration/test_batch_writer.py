@@ -5,6 +5,7 @@ remembered; nothing is written before ``flush``."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -84,5 +85,33 @@ def test_a_record_kafka_refuses_for_good_fails_the_flush(kafka_config: KafkaConf
 
     with pytest.raises(OutputRefused, match="state"):
         asyncio.run(w.flush())
+    w.close()
+    db.close()
+
+
+def test_the_wait_for_deliveries_does_not_queue_behind_the_default_executor(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    """Every thread of the default executor blocked (as the lookups' high watermark questions to a
+    slow broker blocked them): the batch's writes are acknowledged all the same. Before, the wait ran
+    there, and the fold stood still behind them."""
+    cfg = kafka_config
+    db = rocksdict.Rdict(str(tmp_path / "p0"), options=rocksdict.Options(raw_mode=True))
+    w = BatchWriter(Producer(producer_config(cfg)), cfg.topics.state, lambda p: db,
+                    lambda: rocksdict.WriteBatch(raw_mode=True), lambda p, off: None)  # fmt: skip
+    w.produce(cfg.topics.state, 0, b"k", b"v")
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        blocked = [loop.run_in_executor(None, release.wait, 60) for _ in range(64)]
+        try:
+            await asyncio.wait_for(w.flush(), 20)
+        finally:
+            release.set()
+            await asyncio.gather(*blocked)
+
+    asyncio.run(main())
+    assert _read_all(cfg, cfg.topics.state, 0, 1) == [(b"k", b"v")]
     w.close()
     db.close()

@@ -27,6 +27,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from effect_ledger.core.effect import REFUSED_CLAIM, Effect, claim_of, fold
@@ -50,7 +51,20 @@ _WATERMARK_TIMEOUT_S = 5.0
 class Watermarks:
     """The high watermarks of a key's partition of effects.events and effects.decisions, asked of the
     broker by a consumer of its own (created on first use; never subscribed, so never long-polling).
-    The agent asks by key (``of``); the processor's lookups by partition (``highs``)."""
+    The agent asks by key (``of``); the processor's lookups by partition (``highs``).
+
+    Questions about one partition share a round trip: a question that arrives while one is under way
+    waits for the next, which starts once that one is answered and answers every question that came
+    meanwhile. The next one, not the one under way: an answer must cover every record Kafka had
+    acknowledged when the question was asked (read-your-writes), and the one under way may have been
+    answered before. So at most one question per partition is ever at the broker, however many
+    lookups ask, and each waits at most two round trips. They run on threads of their own: a slow
+    broker (a leader paused, metadata stale after a failover) holds them for up to ``timeout_s``
+    each, and on the default executor they took the threads that everything else of the process
+    waits on (the processor's fold waited behind them for its writes)."""
+
+    #: Threads asking the broker at once (rounds of different partitions).
+    THREADS = 4
 
     def __init__(self, cfg: KafkaConfig, timeout_s: float = _WATERMARK_TIMEOUT_S) -> None:
         self.cfg = cfg
@@ -58,6 +72,12 @@ class Watermarks:
         self._consumer: Any = None
         self._partitions: int | None = None  # of effects.events, as the broker says (not the config)
         self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        # partition -> the round that answers the questions asked since the last one started
+        self._next: dict[int, Future[tuple[int, int]]] = {}
+        self._asking: set[int] = set()  # partitions with a round at the broker
+        self._closed = False
+        self.rounds = 0  # round trips made (a measure for tests and benchmarks)
 
     def _client(self) -> Any:
         """The consumer (made on first call). Call with ``_lock`` held."""
@@ -84,40 +104,84 @@ class Watermarks:
         )
         return events, decisions
 
-    def _ask(self, key: str) -> FoldedThrough:
-        topics = self.cfg.topics
+    def _partition(self, key: str) -> int:
         with self._lock:
             c = self._client()
             if self._partitions is None:
                 # The relay's producer partitions by the topic's real partition count: so must this.
+                topics = self.cfg.topics
                 meta = c.list_topics(topics.events, timeout=self.timeout_s).topics.get(topics.events)
                 if meta is None or meta.error is not None or not meta.partitions:
                     raise RuntimeError(f"topic {topics.events} is unknown to the broker")
                 self._partitions = len(meta.partitions)
-            partition = partition_for(key.encode(), self._partitions)
-        events, decisions = self._highs(c, partition)
-        return FoldedThrough(partition, events - 1, decisions - 1)
+            return partition_for(key.encode(), self._partitions)
+
+    def _round(self, partition: int) -> Future[tuple[int, int]]:
+        """The round that answers a question asked now about ``partition`` (class docstring)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the watermarks client is closed")
+            round_ = self._next.get(partition)
+            if round_ is None:
+                round_ = self._next[partition] = Future()
+                if partition not in self._asking:
+                    self._start(partition)
+            return round_
+
+    def _start(self, partition: int) -> None:
+        """Send the partition's next round to the broker. Call with ``_lock`` held."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.THREADS, thread_name_prefix="effect-ledger-watermarks")
+        round_ = self._next.pop(partition)
+        self._asking.add(partition)
+        self.rounds += 1
+        self._pool.submit(self._ask_broker, partition, round_)
+
+    def _ask_broker(self, partition: int, round_: Future[tuple[int, int]]) -> None:
+        try:
+            with self._lock:
+                c = self._client()
+            round_.set_result(self._highs(c, partition))
+        except BaseException as e:  # every waiter of the round gets it (a KafkaException: the broker)
+            round_.set_exception(e)
+        finally:
+            with self._lock:
+                self._asking.discard(partition)
+                if partition in self._next and not self._closed:  # asked meanwhile: their round goes now
+                    self._start(partition)
+
+    @staticmethod
+    async def _wait(round_: Future[tuple[int, int]]) -> tuple[int, int]:
+        # Shielded: a waiter that gives up must not cancel the round the others wait for.
+        return await asyncio.shield(asyncio.wrap_future(round_))
 
     async def of(self, key: str) -> FoldedThrough:
         """What Kafka holds of ``key``'s partition now (the offsets of the newest records); raises
         ``LedgerUnavailable`` when the broker does not answer."""
         try:
-            return await asyncio.to_thread(self._ask, key)
+            if self._partitions is None:
+                partition = await asyncio.to_thread(self._partition, key)  # once: the topic's metadata
+            else:
+                partition = partition_for(key.encode(), self._partitions)
+            events, decisions = await self._wait(self._round(partition))
         except Exception as e:  # a KafkaException: the broker is away, or the topic unknown
             raise LedgerUnavailable(f"cannot read the high watermarks of {key}'s partition: {e}", passing=True) from e
+        return FoldedThrough(partition, events - 1, decisions - 1)
 
     async def highs(self, partition: int) -> tuple[int, int]:
         """The high watermarks (next offsets) of ``partition`` of effects.events and effects.decisions;
         the client's ``KafkaException`` when the broker does not answer within ``timeout_s``."""
-
-        def ask() -> tuple[int, int]:
-            with self._lock:
-                c = self._client()
-            return self._highs(c, partition)
-
-        return await asyncio.to_thread(ask)
+        return await self._wait(self._round(partition))
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+            waiting, self._next = list(self._next.values()), {}
+        for round_ in waiting:
+            round_.set_exception(RuntimeError("the watermarks client is closed"))
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=False)  # rounds under way end by their timeout
         with self._lock:
             if self._consumer is not None:
                 self._consumer.close()
