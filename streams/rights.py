@@ -64,12 +64,23 @@ def missing_rights(cfg: KafkaConfig, need: str, timeout: float = 10.0) -> list[s
     return [f"{op} on topic {t}" for t, op in wanted if t in have and op not in have[t]]
 
 
+def not_now(err: object) -> bool:
+    """Whether a Kafka error says "not now" rather than "no": the client's own retriable errors, a
+    request timed out, and a broker handle destroyed (the cluster dropped a broker from its metadata
+    while it starts or restarts: seen as ``effects reconcile`` exiting at its start, in a chaos run)."""
+    from confluent_kafka import KafkaError
+
+    if not isinstance(err, KafkaError):
+        return False
+    return bool(err.retriable()) or err.code() in (KafkaError._TIMED_OUT, KafkaError._DESTROY_BROKER)
+
+
 def require(cfg: KafkaConfig, need: str, what: str, timeout: float = 10.0, patience: float = 60.0) -> None:
     """``NotAuthorized`` naming every right of ``NEEDS[need]`` this client lacks (``what``: the
     part or action that needs them). A cluster that answers "not now" (a broker starting, a leader
     being elected, a request timed out) is asked again for up to ``patience`` seconds: a service
     started beside a cluster that is still coming up waits for it instead of exiting."""
-    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka import KafkaException
 
     end = time.monotonic() + patience
     while True:
@@ -77,9 +88,7 @@ def require(cfg: KafkaConfig, need: str, what: str, timeout: float = 10.0, patie
             missing = missing_rights(cfg, need, timeout)
             break
         except KafkaException as e:
-            err = e.args[0] if e.args else None
-            transient = isinstance(err, KafkaError) and (err.retriable() or err.code() == KafkaError._TIMED_OUT)
-            if not transient or time.monotonic() >= end:
+            if not not_now(e.args[0] if e.args else None) or time.monotonic() >= end:
                 raise
             time.sleep(1.0)
     if missing:
