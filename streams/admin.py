@@ -204,7 +204,7 @@ def ensure_topics(cfg: KafkaConfig, timeout: float = 30.0, *, check_partitions: 
     admin = admin_client(cfg)
     md = admin.list_topics(timeout=timeout)
     deadline = time.monotonic() + timeout
-    cfg = cfg.for_cluster(len(md.brokers), _declared_replication(admin, md, timeout))
+    cfg = _decided(cfg, admin, md, timeout)
     specs = topic_specs(cfg)
     result: dict[str, str] = {}
     new = []
@@ -282,7 +282,14 @@ def for_this_cluster(cfg: KafkaConfig, timeout: float = 30.0) -> KafkaConfig:
     if cfg.replication is not None:
         return cfg
     admin = admin_client(cfg)
-    md = admin.list_topics(timeout=timeout)
+    return _decided(cfg, admin, admin.list_topics(timeout=timeout), timeout)
+
+
+def _decided(cfg: KafkaConfig, admin: AdminClient, md: Any, timeout: float) -> KafkaConfig:
+    """``cfg`` with the replication the cluster decides, from the metadata ``md`` (the broker's
+    declared replication asked only when it matters: none set, one broker answering)."""
+    if cfg.replication is not None:
+        return cfg
     return cfg.for_cluster(len(md.brokers), _declared_replication(admin, md, timeout))
 
 
