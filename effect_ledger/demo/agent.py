@@ -6,8 +6,10 @@ Run as a child process so it can be killed for real (``EFFECT_LEDGER_CRASH=<poin
 
 ``--mode naive`` is how such steps are usually written: a checkpoint after the call and a fresh
 idempotency key per attempt; a crash between the two pays twice. ``--mode ledger`` wraps the call
-in ``Ledger.execute``. Prints one JSON line; exit code 0 confirmed, 3 uncertain/escalated,
-4 rejected, 5 still in progress after ``--patience`` seconds.
+in ``Ledger.execute``; ``--mode ledger-sync`` in ``SyncLedger.execute``, the path of synchronous
+code and of the LangGraph, DBOS, CrewAI and Agent Framework adapters. Prints one JSON line; exit
+code 0 confirmed, 3 uncertain/escalated, 4 rejected, 5 still in progress after ``--patience``
+seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from effect_ledger.demo.gateway import KINDS
 from effect_ledger.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
 from effect_ledger.sdk import crashpoints
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.sync import SyncLedger
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.targets.load import parse_targets
 
@@ -111,6 +115,45 @@ async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                     return EXIT_REJECTED, {"result": "rejected", "reason": str(e)}
 
 
+async def _refund(url: str, order: str, amount: int, key: str) -> dict[str, Any]:
+    async with GatewayClient(url) as gw:
+        return await gw.refund(order, amount, idempotency_key=key)
+
+
+def run_ledger_sync(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
+    """``run_ledger`` through ``SyncLedger``, embedded: the same step written as synchronous code."""
+    db = Path(args.workdir) / "effects.db"
+    with SyncLedger.open(str(db), targets=args.targets or [payments_target(args.gateway, args.kind)]) as ledger:
+        give_up = time.monotonic() + args.patience
+        while True:
+            try:
+                c = ledger.execute(
+                    target="payments",
+                    operation="refund.create",
+                    run_id=args.run_id,
+                    step=f"refund-order-{args.order}",
+                    request={"order": args.order, "amount": args.amount, "currency": "CNY"},
+                    # The client is async: the call's thread runs the coroutine to its end.
+                    call=lambda key: _refund(args.gateway, args.order, args.amount, key),
+                    timeout=args.timeout,
+                )
+                return EXIT_OK, {
+                    "result": "confirmed",
+                    "key": c.effect_id,
+                    "receipt_id": c.receipt_id,
+                    "called": c.called,
+                    "source": c.source.value,
+                }
+            except EffectInProgress as e:
+                if time.monotonic() >= give_up:
+                    return EXIT_IN_PROGRESS, {"result": "in_progress", "reason": str(e)}
+                time.sleep(min(1.0, max(0.05, (e.retry_after_ms or 200) / 1000)))
+            except EffectUncertain as e:
+                return EXIT_UNCERTAIN, {"result": "uncertain", "key": e.effect_id, "state": e.state, "reason": e.reason}
+            except RefundRejected as e:
+                return EXIT_REJECTED, {"result": "rejected", "reason": str(e)}
+
+
 async def run_naive(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     checkpoint = Path(args.workdir) / "naive-checkpoint.json"
     done = json.loads(checkpoint.read_text()) if checkpoint.exists() else {}
@@ -130,7 +173,7 @@ async def run_naive(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m effect_ledger.demo.agent")
-    p.add_argument("--mode", choices=("ledger", "naive"), required=True)
+    p.add_argument("--mode", choices=("ledger", "ledger-sync", "naive"), required=True)
     p.add_argument("--workdir", required=True)
     p.add_argument("--gateway", required=True)
     p.add_argument("--kind", choices=KINDS, default="key+lookup")
@@ -144,7 +187,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default=None, help="Kafka mode: topic prefix")
     p.add_argument("--lookup", default=None, help="Kafka mode: the ledger processor's URL")
     args = p.parse_args(argv)
-    code, out = asyncio.run(run_ledger(args) if args.mode == "ledger" else run_naive(args))
+    if args.mode == "ledger-sync":
+        if args.kafka:
+            p.error("--mode ledger-sync runs embedded (no --kafka)")
+        code, out = run_ledger_sync(args)
+    else:
+        code, out = asyncio.run(run_ledger(args) if args.mode == "ledger" else run_naive(args))
     print(json.dumps(out), flush=True)
     return code
 

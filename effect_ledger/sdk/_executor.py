@@ -89,6 +89,20 @@ _AGAIN_FIRST_S = 0.1
 _AGAIN_MOST_S = 2.0
 
 
+class TimedCall:
+    """A call that keeps its own time: ``within(key, left_s)`` waits for it, blocking the thread,
+    and raises ``TimeoutError`` past ``left_s``, what is left of the intent's timeout; ``call(key)``
+    returns an awaitable, for the other uses (a replay). ``SyncLedger`` gives one when it runs the
+    ledger's work on the caller's thread, on a loop where nothing else runs: waiting for a thread
+    there costs less than waking a loop."""
+
+    def __call__(self, key: str) -> Any:
+        raise NotImplementedError
+
+    def within(self, key: str, left_s: float) -> Any:
+        raise NotImplementedError
+
+
 class _Passing(Exception):
     """Refused before any call of this caller, nothing left open, for a cause that passes by itself:
     ``execute`` plans and tries again while its ``sync_timeout`` lasts, else raises ``error``."""
@@ -183,9 +197,8 @@ class Executor:
 
     async def execute(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
         """Plan and carry out one ``execute`` of a checked call (see the module docstring)."""
-        if key in self.local.in_flight:
+        if not self.local.enter(key):
             raise EffectInProgress(key, "another task of this worker is executing it")
-        self.local.in_flight.add(key)
         try:
             # Kafka mode with ``sync``: a refusal before any call of this caller whose cause passes by
             # itself (a leader election, the processor catching up) is tried again, as the caller
@@ -204,7 +217,7 @@ class Executor:
                     await asyncio.sleep(pause * random.uniform(0.5, 1.5))
                     pause = min(pause * 2, _AGAIN_MOST_S)
         finally:
-            self.local.in_flight.discard(key)
+            self.local.leave(key)
             self._give_up.pop(key, None)
 
     async def _execute_planned(self, key: str, spec: CallSpec, call: Call) -> Confirmation:
@@ -486,7 +499,7 @@ class Executor:
         started = self.clock()
         try:
             async with asyncio.timeout(left_s):
-                value = await maybe_await(call(key))
+                value = await maybe_await(call.within(key, left_s) if isinstance(call, TimedCall) else call(key))
         except BaseException as e:
             if target.rejects(e):
                 await self._after_call(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)
@@ -587,4 +600,4 @@ async def maybe_await(value: Any | Awaitable[Any]) -> Any:
     return value
 
 
-__all__ = ["Call", "Executor", "maybe_await"]
+__all__ = ["Call", "Executor", "TimedCall", "maybe_await"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 import weakref
 
@@ -41,13 +42,27 @@ class LocalWorker:
     owner, and the keys it is executing right now. Registered weakly, so a ledger object that is
     gone (closed, or dropped mid-call) stops vouching for its claims."""
 
-    __slots__ = ("identity", "in_flight", "open", "__weakref__")
+    __slots__ = ("identity", "in_flight", "open", "_entering", "__weakref__")
 
     def __init__(self) -> None:
         self.identity = worker_identity()
         self.in_flight: set[str] = set()
         self.open = True
+        # A ledger object is used from several threads at once (``SyncLedger`` runs each caller's
+        # operations on the caller's thread): taking a key is one step for all of them.
+        self._entering = threading.Lock()
         _LOCAL_WORKERS[self.identity] = self
+
+    def enter(self, key: str) -> bool:
+        """Mark ``key`` in flight; False when it already is (another task or thread executes it)."""
+        with self._entering:
+            if key in self.in_flight:
+                return False
+            self.in_flight.add(key)
+            return True
+
+    def leave(self, key: str) -> None:
+        self.in_flight.discard(key)
 
 
 _LOCAL_WORKERS: weakref.WeakValueDictionary[str, LocalWorker] = weakref.WeakValueDictionary()

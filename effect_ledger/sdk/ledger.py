@@ -265,6 +265,11 @@ class Ledger:
         await self._store.close()
 
     @property
+    def embedded(self) -> bool:
+        """No Kafka: the file is the whole ledger (no relay, no processor to look keys up in)."""
+        return self._relay is None and self._lookup is None
+
+    @property
     def relay(self) -> Relay | None:
         """The relay to Kafka (Kafka mode), else None."""
         return self._relay

@@ -8,14 +8,23 @@
         timeout=10.0,
     )
 
-It is the async ``Ledger`` running on an event loop of its own, in a background thread that lives
-as long as the ledger: the per-call decision, the records and the errors are exactly those of
+It is the async ``Ledger``: the per-call decision, the records and the errors are exactly those of
 ``Ledger`` (the SDK contract suite runs against both). Opened once, it serves every call of the
-process from any thread; the Kafka relay keeps running between calls.
+process from any thread. The ledger has an event loop of its own, in a background thread that
+lives as long as it does: the file is opened there, its checkpoints run there and, in Kafka mode,
+the relay and the lookups, which keep running between calls.
 
-Where the call runs: in a thread other than the caller's and the loop's, with the caller's context
-variables, so the ledger's deadline can fire while the call blocks. Call threads are kept between
-calls (``_CallThreads``): starting a thread per call made the loop wait for each new thread to run,
+Where an operation runs: embedded (no Kafka), on the caller's thread, on an event loop of that
+thread (one per thread, kept while the thread lives, nothing else runs on it): the caller waits
+anyway, and handing each operation to the ledger's thread and back cost more than the ledger's
+work itself (two thread wake-ups each way). Its writes commit on the caller's thread, one at a
+time with other threads' (``Store._commit_here``). In Kafka mode, and from a thread that already
+runs an event loop, the operation is handed to the ledger's loop, where the relay and the lookups
+live, and the caller waits for it.
+
+Where the call runs: in a thread other than the caller's, with the caller's context variables, so
+the ledger's deadline can fire while the call blocks. Call threads are kept between calls
+(``_CallThreads``): starting a thread per call made the loop wait for each new thread to run,
 a fifth of the sync path's cost. A call that outlives ``timeout`` cannot be
 stopped (Python threads cannot be killed): the ledger records its outcome as unknown at the
 deadline and raises ``EffectUncertain`` to the caller, and whatever the call does or returns
@@ -45,6 +54,7 @@ from effect_ledger.core.effect import Effect
 from effect_ledger.core.model import DecisionKind, ReceiptSource
 from effect_ledger.core.reconcile import Target
 from effect_ledger.errors import EffectUncertain, InvalidEffect, LedgerClosed
+from effect_ledger.sdk._executor import TimedCall
 from effect_ledger.sdk._wrap import keyed
 from effect_ledger.sdk.ledger import Confirmation, Ledger
 from effect_ledger.sdk.store.sqlite import Store
@@ -109,8 +119,16 @@ class SyncLedger:
                 "itself: use the async Ledger there (SyncLedger.ledger)"
             )
 
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run one ``Ledger`` operation on the loop and wait for it in the calling thread."""
+    def _here(self) -> asyncio.AbstractEventLoop | None:
+        """The loop of the caller's thread to run an operation on, or None when it goes to the
+        ledger's loop (Kafka mode; a thread that already runs a loop, which cannot run another)."""
+        if not self._ledger.embedded or _running_loop() is not None:
+            return None
+        return _thread_loop()
+
+    def _run(self, coro: Coroutine[Any, Any, T], here: asyncio.AbstractEventLoop | None = None) -> T:
+        """Run one ``Ledger`` operation and wait for it in the calling thread: on ``here``, the
+        caller's own loop (see ``_here``), else on the ledger's loop."""
         try:
             self._not_on_the_loop()
             with self._idle:
@@ -120,6 +138,13 @@ class SyncLedger:
         except BaseException:
             coro.close()
             raise
+        if here is not None:
+            try:
+                return _run_here(here, coro)
+            finally:
+                with self._idle:
+                    self._busy -= 1
+                    self._idle.notify_all()
         done: Future[T] = Future()
 
         def start() -> None:
@@ -142,9 +167,7 @@ class SyncLedger:
             if task.cancelled():
                 done.cancel()
             elif (exc := task.exception()) is not None:
-                if isinstance(exc, EffectUncertain) and isinstance(exc.__cause__, CallExited):
-                    exc = exc.__cause__.original  # recorded unknown; the caller gets what the call raised
-                done.set_exception(exc)
+                done.set_exception(_for_the_caller(exc))
             else:
                 done.set_result(task.result())
         except InvalidStateError:
@@ -198,18 +221,27 @@ class SyncLedger:
         if _is_async(call):
             raise InvalidEffect("call is async: SyncLedger runs plain functions (use Ledger.execute for async ones)")
         context = contextvars.copy_context()  # the caller's, not the loop thread's
+        here = self._here()
+        # On the caller's loop the ledger waits for the call's thread by blocking (nothing else runs
+        # there); on the ledger's loop, for a future of that loop.
+        run: Callable[[str], Any] = (
+            _OnCallThread(self._calls, call, context)
+            if here is not None
+            else functools.partial(_in_thread, self._calls, call, context)
+        )
         return self._run(
             self._ledger.execute(
                 target=target,
                 operation=operation,
                 request=request,
-                call=functools.partial(_in_thread, self._calls, call, context),
+                call=run,
                 run_id=run_id,
                 step=step,
                 key=key,
                 namespace=namespace,
                 timeout=timeout,
-            )
+            ),
+            here,
         )
 
     def record_receipt(
@@ -226,22 +258,23 @@ class SyncLedger:
         return self._run(
             self._ledger.record_receipt(
                 key, receipt_id, value, source=source, attempt=attempt, allow_unknown=allow_unknown
-            )
+            ),
+            self._here(),
         )
 
     def decide(
         self, key: str, decision: DecisionKind | str, *, by: str, reason: str, receipt_id: str | None = None
     ) -> Effect:
         """``Ledger.decide``."""
-        return self._run(self._ledger.decide(key, decision, by=by, reason=reason, receipt_id=receipt_id))
+        return self._run(self._ledger.decide(key, decision, by=by, reason=reason, receipt_id=receipt_id), self._here())
 
     def get(self, key: str) -> Effect | None:
         """``Ledger.get``."""
-        return self._run(self._ledger.get(key))
+        return self._run(self._ledger.get(key), self._here())
 
     def expire(self, key: str) -> Effect | None:
         """``Ledger.expire``."""
-        return self._run(self._ledger.expire(key))
+        return self._run(self._ledger.expire(key), self._here())
 
     def effect(
         self,
@@ -277,6 +310,70 @@ class CallExited(Exception):
         self.original = original
 
 
+def _for_the_caller(exc: BaseException) -> BaseException:
+    """A call that exited was recorded unknown; its caller gets what the call raised."""
+    if isinstance(exc, EffectUncertain) and isinstance(exc.__cause__, CallExited):
+        return exc.__cause__.original
+    return exc
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+class _OwnLoop:
+    """A thread's own event loop for ledger operations, closed when the thread ends (its
+    ``threading.local`` goes, and this with it)."""
+
+    __slots__ = ("loop",)
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+
+    def __del__(self) -> None:
+        if not self.loop.is_running():
+            self.loop.close()
+
+
+class _Loops(threading.local):
+    own: _OwnLoop | None = None
+
+
+_LOOPS = _Loops()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """The calling thread's own loop (made on its first operation), shared by every ledger."""
+    own = _LOOPS.own
+    if own is None or own.loop.is_closed():
+        own = _LOOPS.own = _OwnLoop()
+    return own.loop
+
+
+def _run_here(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Run an operation to its end on the caller's own loop. Interrupted while the loop waited
+    (Ctrl-C), the operation is cancelled and run to its end first, as ``Ledger`` ends a cancelled
+    task (an interrupted call's outcome recorded unknown); the caller then gets its interruption."""
+    task = loop.create_task(coro)
+    try:
+        return loop.run_until_complete(task)
+    except BaseException as e:
+        if not task.done():
+            task.cancel()
+            try:
+                loop.run_until_complete(task)
+            except BaseException:  # noqa: S110 - the caller gets its own interruption below
+                pass
+            raise
+        mapped = _for_the_caller(e)
+        if mapped is e:
+            raise
+        raise mapped from None
+
+
 def _is_async(fn: Any) -> bool:
     """An async function, a partial of one, or an object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
@@ -299,14 +396,7 @@ def _in_thread(
             result.set_exception(exc if isinstance(exc, Exception) else CallExited(exc))
 
     def run() -> None:
-        value, exc = None, None
-        try:
-            # A copy per run: a replay of the key and a later attempt may use the same context.
-            value = context.copy().run(call, key)
-            if inspect.isawaitable(value):  # a lambda that returned a coroutine: run it here
-                value = asyncio.run(_awaited(value))
-        except BaseException as e:
-            exc = e
+        value, exc = _called(call, context, key)
         try:
             loop.call_soon_threadsafe(deliver, value, exc)
         except RuntimeError:  # the ledger was closed meanwhile: nobody waits for this any more
@@ -314,6 +404,51 @@ def _in_thread(
 
     threads.run(run, f"effect-ledger call {key[:40]}")
     return result
+
+
+class _OnCallThread(TimedCall):
+    """The call for an operation run on the caller's own loop: ``within`` hands it to a call
+    thread and blocks the caller's thread until it returns or its time is up (``TimeoutError``:
+    recorded unknown; what it does or returns afterwards is not recorded). A replay (``__call__``)
+    returns a future of the running loop, as on the ledger's loop."""
+
+    __slots__ = ("threads", "call", "context")
+
+    def __init__(self, threads: _CallThreads, call: Callable[[str], Any], context: contextvars.Context) -> None:
+        self.threads = threads
+        self.call = call
+        self.context = context
+
+    def __call__(self, key: str) -> asyncio.Future[Any]:
+        return _in_thread(self.threads, self.call, self.context, key)
+
+    def within(self, key: str, left_s: float) -> Any:
+        answer: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        call, context = self.call, self.context
+
+        def run() -> None:
+            answer.put(_called(call, context, key))
+
+        self.threads.run(run, f"effect-ledger call {key[:40]}")
+        try:
+            value, exc = answer.get(timeout=max(left_s, 0.0))
+        except queue.Empty:
+            raise TimeoutError from None
+        if exc is None:
+            return value
+        raise exc if isinstance(exc, Exception) else CallExited(exc)
+
+
+def _called(call: Callable[[str], Any], context: contextvars.Context, key: str) -> tuple[Any, BaseException | None]:
+    """``call(key)`` in the caller's context variables: (its value, None) or (None, what it raised)."""
+    try:
+        # A copy per run: a replay of the key and a later attempt may use the same context.
+        value = context.copy().run(call, key)
+        if inspect.isawaitable(value):  # a lambda that returned a coroutine: run it here
+            value = asyncio.run(_awaited(value))
+        return value, None
+    except BaseException as e:
+        return None, e
 
 
 class _CallThreads:

@@ -93,7 +93,7 @@ def _agent(
         env[crashpoints.ENV] = crash
     cmd = [sys.executable, "-m", "effect_ledger.demo.agent", "--mode", mode, "--workdir", str(workdir)]
     cmd += ["--gateway", url, "--kind", kind, "--timeout", str(CALL_TIMEOUT), "--patience", "30", "--run-id", run_id]
-    if kafka is not None and mode == "ledger":
+    if kafka is not None and mode != "naive":
         cmd += kafka.args()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     lines = p.stdout.strip().splitlines()
@@ -149,28 +149,33 @@ async def settled_kafka(kafka: KafkaMode, key: str) -> tuple[str | None, str | N
     return effect.state.value, (effect.receipt.receipt_id if effect.receipt else None), evidence
 
 
-def run_cell(point: str, kind: str, runs: int, kafka: KafkaMode | None = None) -> Cell:
+def run_cell(
+    point: str, kind: str, runs: int, kafka: KafkaMode | None = None, mode: str = "ledger", naive: bool = True
+) -> Cell:
+    """``mode``: the agent's (``ledger``: ``Ledger``; ``ledger-sync``: ``SyncLedger``, embedded);
+    ``naive``: run the naive retry beside it."""
     cell = Cell(point, kind)
     for _ in range(runs):
         with tempfile.TemporaryDirectory(prefix="el-crash-") as tmp, Gateway(kind) as gw:
-            naive = Path(tmp, "naive")
-            naive.mkdir()
-            code, _ = _agent("naive", naive, gw.url, kind, point)
-            _agent("naive", naive, gw.url, kind, None)
-            cell.naive.append(Run(code == -signal.SIGKILL, len(gw.refunds()), None, False))
+            if naive:
+                workdir = Path(tmp, "naive")
+                workdir.mkdir()
+                code, _ = _agent("naive", workdir, gw.url, kind, point)
+                _agent("naive", workdir, gw.url, kind, None)
+                cell.naive.append(Run(code == -signal.SIGKILL, len(gw.refunds()), None, False))
+                gw.state.reset()
 
-            gw.state.reset()
             led = Path(tmp, "ledger")
             led.mkdir()
             run_id = f"run-{uuid.uuid4().hex[:12]}"
-            code, _ = _agent("ledger", led, gw.url, kind, point, run_id, kafka)
+            code, _ = _agent(mode, led, gw.url, kind, point, run_id, kafka)
             if kafka is None:
-                _agent("ledger", led, gw.url, kind, None, run_id)
+                _agent(mode, led, gw.url, kind, None, run_id)
                 state, evidence = asyncio.run(_final_state(led / "effects.db", gw.url, kind))
             else:
                 other_host = Path(tmp, "ledger-restarted")
                 other_host.mkdir()
-                _agent("ledger", other_host, gw.url, kind, None, run_id, kafka)
+                _agent(mode, other_host, gw.url, kind, None, run_id, kafka)
                 key = effect_key("payments", "refund.create", run_id, "refund-order-123")
                 state, _, evidence = asyncio.run(settled_kafka(kafka, key))
             made = len(gw.refunds())
@@ -184,10 +189,12 @@ def run_cell(point: str, kind: str, runs: int, kafka: KafkaMode | None = None) -
     return cell
 
 
-def run_matrix(runs: int, workers: int = 4, kafka: KafkaMode | None = None) -> list[Cell]:
+def run_matrix(
+    runs: int, workers: int = 4, kafka: KafkaMode | None = None, mode: str = "ledger", naive: bool = True
+) -> list[Cell]:
     jobs = [(p, k) for p in crashpoints.POINTS for k in KINDS]
     with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(lambda job: run_cell(job[0], job[1], runs, kafka), jobs))
+        return list(pool.map(lambda job: run_cell(job[0], job[1], runs, kafka, mode, naive), jobs))
 
 
 @contextlib.contextmanager
@@ -225,8 +232,13 @@ def main() -> int:
     p = argparse.ArgumentParser(prog="python -m tests.crash.matrix")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kafka", action="store_true", help="through a real broker (KAFKA_BOOTSTRAP) and processor")
+    p.add_argument("--sync", action="store_true", help="the ledger agent through SyncLedger (embedded)")
     args = p.parse_args()
-    if not args.kafka:
+    if args.sync and args.kafka:
+        p.error("--sync runs embedded (no --kafka)")
+    if args.sync:
+        cells = run_matrix(args.runs, mode="ledger-sync")
+    elif not args.kafka:
         cells = run_matrix(args.runs)
     else:
         with kafka_setup() as kafka:

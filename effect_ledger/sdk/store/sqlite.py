@@ -21,6 +21,13 @@ store's own thread: the loop never waits for a disk flush or a lock (a write() c
 the kernel when the machine has too much dirty memory). Reads use a second, read-only
 connection, on the loop's thread.
 
+A store is opened on one event loop, its home. A write from any other loop (``SyncLedger``
+runs a caller's operations on a loop of the caller's own thread, see ``effect_ledger.sdk.sync``)
+commits at once on that thread, alone, waiting for the disk and for a locked file there: that
+thread belongs to a caller who is waiting anyway. Each connection is used by one thread at a
+time (``_writing``, ``_reading``); the home loop never waits for those locks: a write that finds
+the writer taken goes to the store's thread, a read waits only for another read (microseconds).
+
 The WAL is bounded: ``WAL_LIMIT_BYTES`` (see ``Store._bound_wal``).
 
 Errors: every database error leaves this module as ``StorageError`` (its ``__cause__`` the
@@ -142,6 +149,23 @@ class _Write:
     def size(self) -> int:
         """About what the write adds to the WAL: its events and a few pages of rows and indexes."""
         return sum(len(e[4]) for e in self.encoded) + _PAGES_PER_WRITE * PAGE_SIZE
+
+
+class _Queued:
+    """A write of a caller's thread waiting for the writer (``Store._commit_here``)."""
+
+    __slots__ = ("op", "done", "result", "error")
+
+    def __init__(self, op: _Op) -> None:
+        self.op = op
+        self.done = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _size(op: _Op) -> int:
+    """About how many bytes a write adds to the WAL (an operation of its own counts as a lot)."""
+    return op.size if isinstance(op, _Write) else _CHECK_WAL_EVERY_BYTES
 
 
 class Appended(NamedTuple):
@@ -274,6 +298,17 @@ class Store:
         # Held by a checkpoint of this store: the bounding one waits for a background round to end
         # rather than failing on SQLite's checkpoint lock (and a round skips while it runs).
         self._checkpointing = threading.Lock()
+        # The writer and the reader connection, each used by one thread at a time: the home loop's,
+        # the store's, or a caller's on a loop of its own (see the module's note on threads).
+        self._writing = threading.Lock()
+        self._writer_closed = False
+        self._queue_lock = threading.Lock()
+        self._queued: list[_Queued] = []  # writes of callers' threads, for the next to take the writer
+        self._reading = threading.Lock()
+        try:
+            self._home: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._home = None  # built outside a loop: the first loop that writes is its home
 
     @classmethod
     async def open(cls, path: str | os.PathLike[str], durability: Durability = Durability.NORMAL) -> Store:
@@ -332,9 +367,15 @@ class Store:
             self._closing.set()
             if self._checkpointer is not None:
                 await self._checkpointer
-            self._reader.close()
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._conn.close)
+            with self._reading:
+                self._reader.close()
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._close_writer)
             self._thread.shutdown(wait=False)
+
+    def _close_writer(self) -> None:
+        with self._writing:  # a caller's write on its own thread ends first
+            self._conn.close()
+            self._writer_closed = True
 
     @property
     def closed(self) -> bool:
@@ -345,12 +386,13 @@ class Store:
 
     def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a read on the reader connection. One of the places database errors become ``StorageError``."""
-        if self._closed:
-            raise LedgerClosed(f"ledger {self.path} is closed")
-        try:
-            return fn(*args)
-        except sqlite3.Error as e:
-            raise _storage_error(self.path, e) from e
+        with self._reading:
+            if self._closed:
+                raise LedgerClosed(f"ledger {self.path} is closed")
+            try:
+                return fn(*args)
+            except sqlite3.Error as e:
+                raise _storage_error(self.path, e) from e
 
     async def load(self, effect_id: str) -> Loaded:
         """The effect folded from its events, and who holds its claim."""
@@ -510,6 +552,10 @@ class Store:
         if self._closed:
             raise LedgerClosed(f"ledger {self.path} is closed")
         loop = asyncio.get_running_loop()
+        if self._home is None:
+            self._home = loop
+        elif loop is not self._home:
+            return self._commit_here(op)
         fut: asyncio.Future[Any] = loop.create_future()
         self._pending.append((op, fut))
         if self._flusher is None and not self._kicked:
@@ -524,6 +570,59 @@ class Store:
                 self._kick()
         return await fut
 
+    def _commit_here(self, op: _Op) -> Any:
+        """A write from a loop other than the store's home (a ``SyncLedger`` caller's): committed on
+        this thread, which waits for the disk, for a locked file, and for the writer while another
+        thread holds it. Group commit between threads: whoever takes the writer commits every write
+        queued by then, in one transaction (one fsync at FULL); the others find theirs done. Durable
+        when this returns, as every commit."""
+        mine = _Queued(op)
+        with self._queue_lock:
+            self._queued.append(mine)
+        with self._writing:
+            if not mine.done:
+                with self._queue_lock:
+                    batch, self._queued = self._queued, []
+                try:
+                    results = self._waiting_locked(self._write_batch, [q.op for q in batch])
+                except sqlite3.Error as e:
+                    err = _storage_error(self.path, e)
+                    err.__cause__ = e
+                    for q in batch:
+                        q.error, q.done = err, True
+                except Exception as e:  # LedgerClosed: each caller gets it
+                    for q in batch:
+                        q.error, q.done = e, True
+                except (
+                    BaseException
+                ):  # this thread interrupted (Ctrl-C), nothing written: the others' writes wait for the next
+                    with self._queue_lock:
+                        self._queued[:0] = [q for q in batch if q is not mine]
+                    raise
+                else:
+                    for q, result in zip(batch, results, strict=True):
+                        q.result, q.done = result, True
+                    self._unchecked += sum(
+                        q.op.size if isinstance(q.op, _Write) else _CHECK_WAL_EVERY_BYTES for q in batch
+                    )
+                    if self._unchecked >= _CHECK_WAL_EVERY_BYTES:
+                        self._unchecked = 0
+                        self._bound_wal_locked()
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    def _bound_wal_locked(self) -> None:
+        """``_bound_wal`` on this thread, holding the writer."""
+        size = self._wal_over()
+        if not size:
+            return
+        try:
+            done = self._restart_wal_locked()
+        except sqlite3.Error:
+            done = False
+        self._wal_retry_bytes = 0 if done else size + WAL_LIMIT_BYTES // 2
+
     def _kick(self) -> None:
         """Run by the task whose write arrived with nothing in flight, one turn of the loop later:
         what is pending by now commits together. A lone write that needs no fsync commits right
@@ -534,9 +633,14 @@ class Store:
             return  # the flusher takes what is pending
         if len(self._pending) == 1:
             op, fut = self._pending[0]
-            if not (isinstance(op, _Write) and op.durable and self.durability is Durability.FULL):
+            if not (
+                isinstance(op, _Write) and op.durable and self.durability is Durability.FULL
+            ) and self._writing.acquire(blocking=False):  # else a caller's thread writes: the flusher waits for it
                 try:
-                    (result,) = self._write_batch([op])
+                    try:
+                        (result,) = self._write_batch([op])
+                    finally:
+                        self._writing.release()
                 except sqlite3.Error as e:
                     if not _is_busy(e):
                         self._pending = []
@@ -595,12 +699,14 @@ class Store:
         sends it to the store's thread too, which waits for the lock up to ``BUSY_TIMEOUT_MS``.
         The one place write errors become ``StorageError``."""
         try:
-            if inline:
+            if inline and self._writing.acquire(blocking=False):  # else a caller's thread writes
                 try:
                     return fn(arg)
                 except sqlite3.OperationalError as e:
                     if not _is_busy(e):
                         raise
+                finally:
+                    self._writing.release()
             return await asyncio.get_running_loop().run_in_executor(self._thread, self._waiting, fn, arg)
         except sqlite3.Error as e:
             raise _storage_error(self.path, e) from e
@@ -608,7 +714,12 @@ class Store:
     def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """``fn(arg)`` on the store's thread, waiting for a locked file. Tried at once first (a file
         nobody else holds, the common case, costs no setting of the timeout and back); on
-        SQLITE_BUSY the transaction was rolled back, and it runs again, waiting for the lock."""
+        SQLITE_BUSY the transaction was rolled back, and it runs again, waiting for the lock.
+        Holds the writer meanwhile (any thread but the home loop's may wait for it)."""
+        with self._writing:
+            return self._waiting_locked(fn, arg)
+
+    def _waiting_locked(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         try:
             return fn(arg)
         except sqlite3.OperationalError as e:
@@ -621,7 +732,10 @@ class Store:
             self._conn.execute("PRAGMA busy_timeout=0")
 
     def _write_batch(self, ops: list[_Op]) -> list[Any]:
-        """The transaction, for one or more writes (see the module docstring for its order)."""
+        """The transaction, for one or more writes (see the module docstring for its order).
+        Runs holding ``_writing``."""
+        if self._writer_closed:  # a caller's thread came to write as the ledger closed
+            raise LedgerClosed(f"ledger {self.path} is closed")
         conn = self._conn
         if self.durability is Durability.FULL:
             # FULL fsyncs before an intent's call may start. Later records of an effect (outcome,
@@ -684,6 +798,10 @@ class Store:
         return size if size > max(WAL_LIMIT_BYTES, self._wal_retry_bytes) else 0
 
     def _restart_wal(self) -> bool:
+        with self._writing:
+            return self._restart_wal_locked()
+
+    def _restart_wal_locked(self) -> bool:
         with self._checkpointing:  # a background round ends first (it only copies: it is short)
             self._conn.execute(f"PRAGMA busy_timeout={_CHECKPOINT_WAIT_MS}")
             try:
