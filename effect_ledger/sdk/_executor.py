@@ -87,6 +87,12 @@ _LEAST_CALL_SHARE = 0.25
 #: ``execute``'s pauses between tries of a refusal that passes (``_Passing``), doubling (seconds).
 _AGAIN_FIRST_S = 0.1
 _AGAIN_MOST_S = 2.0
+#: The most attempts one ``execute`` writes that are then refused for a cause that passes (the
+#: broker's or the processor's confirmations came too late for the call). Each is an intent and a
+#: FAILED outcome that the processor must fold: tried again for the whole ``sync_timeout``, a
+#: processor that was late got several times the events of its load and stayed late after the fault
+#: that made it so had passed (``make chaos``: calls failed for minutes, whatever the fault).
+MOST_REFUSED_ATTEMPTS = 3
 
 
 class TimedCall:
@@ -105,11 +111,14 @@ class TimedCall:
 
 class _Passing(Exception):
     """Refused before any call of this caller, nothing left open, for a cause that passes by itself:
-    ``execute`` plans and tries again while its ``sync_timeout`` lasts, else raises ``error``."""
+    ``execute`` plans and tries again while its ``sync_timeout`` lasts, else raises ``error``.
+    ``attempted``: an attempt was written (and is now FAILED, nothing sent); ``execute`` makes at
+    most ``MOST_REFUSED_ATTEMPTS`` of those."""
 
-    def __init__(self, error: LedgerUnavailable) -> None:
+    def __init__(self, error: LedgerUnavailable, *, attempted: bool = False) -> None:
         super().__init__(str(error))
         self.error = error
+        self.attempted = attempted
 
 
 def not_acknowledged(waited_s: float, sync_timeout: float) -> str:
@@ -207,10 +216,18 @@ class Executor:
             if give_up is not None:
                 self._give_up[key] = give_up  # what the waits for the broker and the processor may take
             pause = _AGAIN_FIRST_S
+            refused = 0  # attempts written, then refused
             while True:
                 try:
                     return await self._execute_planned(key, spec, call)
                 except _Passing as p:
+                    refused += p.attempted
+                    if refused >= MOST_REFUSED_ATTEMPTS:
+                        raise LedgerUnavailable(
+                            f"{p.error} ({refused} attempts of this execute were refused so; the broker or the "
+                            "processor is behind: try again later)",
+                            passing=True,
+                        ) from p.error.__cause__
                     if give_up is None or time.monotonic() + pause >= give_up:
                         raise p.error from p.error.__cause__
                     # Jittered: the callers a failover held back do not all ask again at once.
@@ -495,7 +512,7 @@ class Executor:
             await self._outcome(effect, attempt, Outcome.FAILED, reason, self.clock())
             # FAILED with nothing sent: the next attempt may claim the key at once (``execute``
             # tries it while its budget lasts).
-            raise _Passing(LedgerUnavailable(f"{reason}; execute again", passing=True))
+            raise _Passing(LedgerUnavailable(f"{reason}; execute again", passing=True), attempted=True)
         started = self.clock()
         try:
             async with asyncio.timeout(left_s):

@@ -34,8 +34,13 @@ The call's thread is a daemon thread, so a call that never returns does not keep
 that is run to completion on a fresh event loop in the call's thread.
 
 Interrupted (Ctrl-C while a call blocks): the caller gets its ``KeyboardInterrupt`` at once; the
-ledger records the call's outcome as unknown. ``close()`` (and the end of a ``with`` block) refuses
-new calls and lets calls in flight in other threads end first, each by its deadline at the latest.
+ledger records the call's outcome as unknown. Ctrl-C elsewhere in an operation on the main thread
+cancels it at its next await, as ``asyncio.run`` does (``_Interrupt``: a ``KeyboardInterrupt``
+raised inside a write could leave the shared connection in a transaction); a second Ctrl-C raises
+at once. ``close()`` (and the end of a ``with`` block) refuses new calls and lets calls in flight in
+other threads end first, each by its deadline at the latest; called from a signal handler during an
+operation of its own thread, it closes under that operation, whose call's outcome is then left for
+reconciliation (``EffectUncertain``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import contextvars
 import functools
 import inspect
 import queue
+import signal
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future, InvalidStateError
@@ -104,8 +110,11 @@ class SyncLedger:
             if self._closed:
                 return
             self._closed = True
-            # Stopping the loop under an operation would leave its caller waiting forever.
-            self._idle.wait_for(lambda: self._busy == 0)
+            # Stopping the loop under an operation would leave its caller waiting forever. Called
+            # from a signal handler on a thread whose own operation it interrupted, that one
+            # cannot end first: it finds the ledger closed when it goes on.
+            own = _LOOPS.running.get(id(self), 0)
+            self._idle.wait_for(lambda: self._busy <= own)
         try:
             asyncio.run_coroutine_threadsafe(self._ledger.close(relay_timeout), self._loop).result()
         finally:
@@ -139,9 +148,12 @@ class SyncLedger:
             coro.close()
             raise
         if here is not None:
+            running = _LOOPS.running
+            running[id(self)] = running.get(id(self), 0) + 1
             try:
                 return _run_here(here, coro)
             finally:
+                running[id(self)] -= 1
                 with self._idle:
                     self._busy -= 1
                     self._idle.notify_all()
@@ -340,6 +352,11 @@ class _OwnLoop:
 
 class _Loops(threading.local):
     own: _OwnLoop | None = None
+    # In ``_OnCallThread.within``'s wait: a Ctrl-C there raises at once (the call runs elsewhere).
+    waiting_for_call = False
+
+    def __init__(self) -> None:
+        self.running: dict[int, int] = {}  # id(SyncLedger) -> its operations on this thread now
 
 
 _LOOPS = _Loops()
@@ -353,13 +370,57 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
     return own.loop
 
 
+class _Interrupt:
+    """Ctrl-C on the main thread while an operation runs on its loop. Python raises
+    ``KeyboardInterrupt`` between any two bytecodes, which in the store's code could leave a
+    transaction open on the shared connection or another thread's write undone; so, as
+    ``asyncio.run`` does, the first Ctrl-C cancels the operation's task instead (it ends at its next
+    await, as a cancelled ``Ledger.execute`` does: a call under way recorded unknown), and the caller
+    then gets ``KeyboardInterrupt``. While the operation waits for its call (``within``), and at a
+    second Ctrl-C, ``KeyboardInterrupt`` is raised at once. Installed only on the main thread, over
+    Python's default handler (an application's own handler is left alone)."""
+
+    __slots__ = ("loop", "task", "asked", "previous")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self.loop, self.task = loop, task
+        self.asked = False
+        self.previous: Any = None
+
+    @classmethod
+    def install(cls, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> _Interrupt | None:
+        if threading.current_thread() is not threading.main_thread():
+            return None  # Python delivers signals to the main thread only
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return None
+        self = cls(loop, task)
+        self.previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self.asked or _LOOPS.waiting_for_call:
+            raise KeyboardInterrupt
+        self.asked = True
+        self.task.cancel()
+        self.loop.call_soon_threadsafe(lambda: None)  # wakes the loop if it waits
+
+    def uninstall(self) -> None:
+        if signal.getsignal(signal.SIGINT) == self._on_sigint:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 def _run_here(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Run an operation to its end on the caller's own loop. Interrupted while the loop waited
-    (Ctrl-C), the operation is cancelled and run to its end first, as ``Ledger`` ends a cancelled
-    task (an interrupted call's outcome recorded unknown); the caller then gets its interruption."""
+    """Run an operation to its end on the caller's own loop (see ``_Interrupt`` for Ctrl-C).
+    Interrupted anyway while the loop waited, the operation is cancelled and run to its end
+    first, as ``Ledger`` ends a cancelled task; the caller then gets its interruption."""
     task = loop.create_task(coro)
+    interrupt = _Interrupt.install(loop, task)
     try:
         return loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        if interrupt is not None and interrupt.asked:
+            raise KeyboardInterrupt from None
+        raise
     except BaseException as e:
         if not task.done():
             task.cancel()
@@ -372,6 +433,9 @@ def _run_here(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> 
         if mapped is e:
             raise
         raise mapped from None
+    finally:
+        if interrupt is not None:
+            interrupt.uninstall()
 
 
 def _is_async(fn: Any) -> bool:
@@ -430,10 +494,13 @@ class _OnCallThread(TimedCall):
             answer.put(_called(call, context, key))
 
         self.threads.run(run, f"effect-ledger call {key[:40]}")
+        _LOOPS.waiting_for_call = True
         try:
             value, exc = answer.get(timeout=max(left_s, 0.0))
         except queue.Empty:
             raise TimeoutError from None
+        finally:
+            _LOOPS.waiting_for_call = False
         if exc is None:
             return value
         raise exc if isinstance(exc, Exception) else CallExited(exc)

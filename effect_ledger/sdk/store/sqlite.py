@@ -285,7 +285,7 @@ class Store:
         # is durable: the metrics and the service's log lines (effect_ledger.metrics.effects).
         self._observers: dict[object, Callable[[Effect | None, Effect, Sequence[Event]], None]] = {}
         self._pending: list[tuple[_Op, asyncio.Future[Any]]] = []
-        self._sync_level = durability.value
+        self._sync_level: str | None = durability.value
         self._checkpointer: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -304,6 +304,8 @@ class Store:
         self._writer_closed = False
         self._queue_lock = threading.Lock()
         self._queued: list[_Queued] = []  # writes of callers' threads, for the next to take the writer
+        # The results of the last transaction once its COMMIT returned (None before): set under the writer.
+        self.committed: list[Any] | None = None
         self._reading = threading.Lock()
         try:
             self._home: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -400,8 +402,8 @@ class Store:
 
     def _load(self, effect_id: str) -> Loaded:
         conn = self._reader
-        conn.execute("BEGIN")  # the events and the claim from one snapshot
         try:
+            conn.execute("BEGIN")  # the events and the claim from one snapshot
             rows = conn.execute("SELECT body FROM events WHERE effect_id = ? ORDER BY seq", (effect_id,)).fetchall()
             row = conn.execute(
                 "SELECT claim_owner, claim_until_ms FROM effects WHERE effect_id = ?", (effect_id,)
@@ -579,38 +581,53 @@ class Store:
         mine = _Queued(op)
         with self._queue_lock:
             self._queued.append(mine)
-        with self._writing:
+        try:
+            self._writing.acquire()
+        except BaseException:  # interrupted while waiting (Ctrl-C): taken back, unless already taken
+            with self._queue_lock:
+                if mine in self._queued:
+                    self._queued.remove(mine)
+            raise
+        try:
             if not mine.done:
-                with self._queue_lock:
-                    batch, self._queued = self._queued, []
-                try:
-                    results = self._waiting_locked(self._write_batch, [q.op for q in batch])
-                except sqlite3.Error as e:
-                    err = _storage_error(self.path, e)
-                    err.__cause__ = e
-                    for q in batch:
-                        q.error, q.done = err, True
-                except Exception as e:  # LedgerClosed: each caller gets it
-                    for q in batch:
-                        q.error, q.done = e, True
-                except (
-                    BaseException
-                ):  # this thread interrupted (Ctrl-C), nothing written: the others' writes wait for the next
-                    with self._queue_lock:
-                        self._queued[:0] = [q for q in batch if q is not mine]
-                    raise
-                else:
-                    for q, result in zip(batch, results, strict=True):
-                        q.result, q.done = result, True
-                    self._unchecked += sum(
-                        q.op.size if isinstance(q.op, _Write) else _CHECK_WAL_EVERY_BYTES for q in batch
-                    )
-                    if self._unchecked >= _CHECK_WAL_EVERY_BYTES:
-                        self._unchecked = 0
-                        self._bound_wal_locked()
+                self._lead(mine)
+        finally:
+            self._writing.release()
         if mine.error is not None:
             raise mine.error
         return mine.result
+
+    def _lead(self, mine: _Queued) -> None:
+        """Commit every queued write in one transaction, holding the writer."""
+        with self._queue_lock:
+            batch, self._queued = self._queued, []
+        try:
+            results = self._waiting_locked(self._write_batch, [q.op for q in batch])
+        except sqlite3.Error as e:
+            err = _storage_error(self.path, e)
+            err.__cause__ = e
+            for q in batch:
+                q.error, q.done = err, True
+        except Exception as e:  # LedgerClosed: each caller gets it
+            for q in batch:
+                q.error, q.done = e, True
+        except BaseException:
+            # This thread interrupted: if the batch committed, it stands for everyone; else nothing
+            # was written and the others' writes wait for the next writer.
+            if self.committed is not None:
+                for q, result in zip(batch, self.committed, strict=True):
+                    q.result, q.done = result, True
+            else:
+                with self._queue_lock:
+                    self._queued[:0] = [q for q in batch if q is not mine]
+            raise
+        else:
+            for q, result in zip(batch, results, strict=True):
+                q.result, q.done = result, True
+            self._unchecked += sum(_size(q.op) for q in batch)
+            if self._unchecked >= _CHECK_WAL_EVERY_BYTES:
+                self._unchecked = 0
+                self._bound_wal_locked()
 
     def _bound_wal_locked(self) -> None:
         """``_bound_wal`` on this thread, holding the writer."""
@@ -725,8 +742,8 @@ class Store:
         except sqlite3.OperationalError as e:
             if not _is_busy(e):
                 raise
-        self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         try:
+            self._conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             return fn(arg)
         finally:
             self._conn.execute("PRAGMA busy_timeout=0")
@@ -743,12 +760,16 @@ class Store:
             # and one lost to a power cut leaves the effect open, to be reconciled, never re-run.
             level = "FULL" if any(isinstance(op, _Write) and op.durable for op in ops) else "NORMAL"
             if level != self._sync_level:
+                # Unknown until set: an interruption in between must not leave FULL believed.
+                self._sync_level = None
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._sync_level = level
-        conn.execute("BEGIN IMMEDIATE")
+        self.committed = None
         try:
+            conn.execute("BEGIN IMMEDIATE")  # inside: an interruption as it returns still rolls back
             results = [self._write_effect(conn, op) if isinstance(op, _Write) else op(conn) for op in ops]
             conn.execute("COMMIT")  # 3. durable from here: only then does the caller go on
+            self.committed = results  # what an interruption from here on must not undo
             return results
         except BaseException:
             _rollback(conn)

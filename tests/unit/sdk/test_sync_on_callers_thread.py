@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -223,3 +228,86 @@ def test_writes_of_threads_that_arrive_together_commit_together(tmp_path: Path) 
         assert len(done) == threads and all(c.called for c in done)
         assert sum(batches) == 2 * threads  # every intent and every outcome, once
         assert max(batches) > 1 and len(batches) < 2 * threads, batches
+
+
+# Signals reach Python on the main thread only, so these run a script whose main thread is the caller.
+_SIGNAL_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sqlite3, sys, threading, time
+    from effect_ledger import SyncLedger, Target
+
+    path, mode = sys.argv[1], sys.argv[2]
+    ledger = SyncLedger.open(path, targets=[Target("payments")])
+    main, out, calls = threading.get_ident(), {}, []
+
+    def execute(step, call):
+        return ledger.execute(target="payments", operation="refund.create", run_id="r", step=step,
+                              request={"step": step}, call=call, timeout=5)
+
+    if mode == "locked":  # Ctrl-C while the intent waits for a file another connection holds
+        other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+
+        def poke():
+            time.sleep(0.3)
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.3)
+            other.execute("COMMIT")
+
+        threading.Thread(target=poke).start()
+        try:
+            execute("s1", lambda k: calls.append(k) or {"id": "x"})
+            out["first"] = "returned"
+        except KeyboardInterrupt:
+            out["first"] = "interrupted"
+        out["in_transaction"] = ledger.store._conn.in_transaction
+        o2 = sqlite3.connect(path, isolation_level=None, timeout=2)
+        o2.execute("BEGIN IMMEDIATE")
+        o2.execute("ROLLBACK")
+        out["next"] = execute("s2", lambda k: calls.append(k) or {"id": "y"}).receipt_id
+    else:  # "close": a SIGTERM handler closes the ledger while the main thread is in execute
+        signal.signal(signal.SIGTERM, lambda *_: ledger.close())
+        threading.Thread(target=lambda: (time.sleep(0.3), signal.pthread_kill(main, signal.SIGTERM))).start()
+        try:
+            execute("s1", lambda k: time.sleep(1) or {"id": "x"})
+            out["first"] = "returned"
+        except Exception as e:
+            out["first"] = type(e).__name__
+    out["calls"] = len(calls)
+    print(json.dumps(out), flush=True)
+    ledger.close()
+    """
+)
+
+
+def _signalled(tmp_path: Path, mode: str) -> dict[str, Any]:
+    script = tmp_path / "signalled.py"
+    script.write_text(_SIGNAL_SCRIPT)
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "effects.db"), mode],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_ctrl_c_while_the_intent_waits_for_a_locked_file_leaves_the_writer_sound(tmp_path: Path) -> None:
+    """Python raises KeyboardInterrupt between any two bytecodes of the main thread, and the intent is
+    written there: raised just as BEGIN IMMEDIATE returned, it left the writer inside a transaction
+    holding the file's lock (every later write failed, other processes could not write). The first
+    Ctrl-C now cancels the operation at its next await instead, as asyncio.run does."""
+    out = _signalled(tmp_path, "locked")
+    assert out["first"] == "interrupted", out
+    assert out["in_transaction"] is False, out
+    assert out["next"] == "y", out  # the next execute writes and confirms
+
+
+def test_a_signal_handler_that_closes_the_ledger_does_not_wait_for_its_own_thread(tmp_path: Path) -> None:
+    """A graceful shutdown (``signal.signal(SIGTERM, lambda *_: ledger.close())``) while the main
+    thread is inside execute: close() cannot wait for that operation (it is suspended under the
+    handler); it closes, and the operation finds the ledger closed (its call's outcome unrecorded:
+    ``EffectUncertain``, the intent left for reconciliation), instead of waiting for ever."""
+    out = _signalled(tmp_path, "close")
+    assert out["first"] == "EffectUncertain", out
