@@ -28,11 +28,11 @@ def test_a_call_confirmed_with_a_sliver_of_its_timeout_is_not_started(
 ) -> None:
     # The next call takes CALL_S, then lands.
     run = verdict_held_back(kafka_config, tmp_path, TIMEOUT_S, HELD_S, next_call=("late", CALL_S))
-    second = [f for f in run.facts if isinstance(f, Executed) and f.attempt == 2]
-    # Attempt 2 was confirmed with less than a quarter of its timeout left, or none: not called.
+    second = [f for f in run.facts if isinstance(f, Executed) and f.attempt == run.held]
+    # The held-back attempt was confirmed with less than a quarter of its timeout left, or none: not called.
     assert [(f.outcome, "not called" in (f.error or "")) for f in second] == [(Outcome.FAILED, True)], run.facts
     # A later attempt made the one call, with its whole timeout, and the caller has its receipt.
     assert run.answer["outcome"] == "called", (run.answer, run.facts)
     assert len(run.calls) == 1, run.calls
-    later = [f for f in run.facts if isinstance(f, Intent) and f.attempt > 2]
+    later = [f for f in run.facts if isinstance(f, Intent) and f.attempt > run.held]
     assert later and run.calls[0].created_ms <= later[-1].deadline_ms, (later, run.calls)

@@ -27,12 +27,12 @@ def test_a_claim_confirmed_after_the_timeout_never_calls(kafka_config: KafkaConf
     # The intent's deadline passes while the verdict is held back.
     run = verdict_held_back(kafka_config, tmp_path, TIMEOUT_S, TIMEOUT_S + 1.0)
     calls = [r for r in run.calls if r.status == "succeeded"]
-    late = [f for f in run.facts if isinstance(f, Executed) and f.attempt == 2]
-    # Attempt 2's verdict came after its deadline: FAILED, nothing sent.
+    late = [f for f in run.facts if isinstance(f, Executed) and f.attempt == run.held]
+    # The held-back attempt's verdict came after its deadline: FAILED, nothing sent.
     assert [(f.outcome, "not called" in (f.error or "")) for f in late] == [(Outcome.FAILED, True)], late
     # The one call made is a later attempt's, made after the processor was resumed, within that
-    # attempt's own deadline; attempt 2's intent never led to one.
+    # attempt's own deadline; the held-back attempt's intent never led to one.
     assert run.answer["outcome"] == "called", run.answer
     assert len(calls) == 1 and calls[0].created_ms >= run.resumed_ms, (calls, run.resumed_ms)
-    later = [f for f in run.facts if isinstance(f, Intent) and f.attempt > 2]
+    later = [f for f in run.facts if isinstance(f, Intent) and f.attempt > run.held]
     assert later and calls[0].created_ms <= later[-1].deadline_ms, (later, calls)
