@@ -207,6 +207,15 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = 
         await asyncio.sleep(0.005)
 
 
+def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll ``cond`` from a thread until it holds; fail after ``timeout`` seconds."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.005)
+
+
 class Rejected(DefiniteFailure):
     """A destination's definite no."""
 

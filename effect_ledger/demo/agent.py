@@ -28,7 +28,7 @@ from effect_ledger.demo.client import GatewayClient, RefundRejected
 from effect_ledger.demo.gateway import KINDS
 from effect_ledger.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
 from effect_ledger.sdk import crashpoints
-from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.ledger import Confirmation, Ledger
 from effect_ledger.sdk.sync import SyncLedger
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.targets.load import parse_targets
@@ -61,6 +61,11 @@ def payments_target(gateway_url: str, kind: str) -> Target:
     return parse_targets(payments_declaration(gateway_url, kind), f"payments ({kind})")[0]
 
 
+def _confirmed(c: Confirmation) -> dict[str, Any]:
+    return {"result": "confirmed", "key": c.effect_id, "receipt_id": c.receipt_id, "called": c.called,
+            "source": c.source.value}  # fmt: skip
+
+
 async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     db = Path(args.workdir) / "effects.db"
     kafka = KafkaConfig.from_env(bootstrap=args.kafka, prefix=args.prefix) if args.kafka else None
@@ -87,13 +92,7 @@ async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                         call=lambda key: gw.refund(args.order, args.amount, idempotency_key=key),
                         timeout=args.timeout,
                     )
-                    return EXIT_OK, {
-                        "result": "confirmed",
-                        "key": c.effect_id,
-                        "receipt_id": c.receipt_id,
-                        "called": c.called,
-                        "source": c.source.value,
-                    }
+                    return EXIT_OK, _confirmed(c)
                 except EffectInProgress as e:
                     # An earlier attempt may still land until its deadline: wait it out, then ask again.
                     if loop.time() >= give_up:
@@ -137,13 +136,7 @@ def run_ledger_sync(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
                     call=lambda key: _refund(args.gateway, args.order, args.amount, key),
                     timeout=args.timeout,
                 )
-                return EXIT_OK, {
-                    "result": "confirmed",
-                    "key": c.effect_id,
-                    "receipt_id": c.receipt_id,
-                    "called": c.called,
-                    "source": c.source.value,
-                }
+                return EXIT_OK, _confirmed(c)
             except EffectInProgress as e:
                 if time.monotonic() >= give_up:
                     return EXIT_IN_PROGRESS, {"result": "in_progress", "reason": str(e)}

@@ -1,7 +1,8 @@
 """Every crash point x every destination kind, with real processes killed by SIGKILL.
 
-The ledger must show zero duplicates and zero lost effects; the naive retry, run against the same
-destinations, must show its duplicates (so this test can see one)."""
+The ledger, through ``Ledger`` and through ``SyncLedger``, must show zero duplicates and zero lost
+effects; the naive retry, run against the same destinations, must show its duplicates (so this
+test can see one)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from tests.crash.matrix import Cell, run_matrix, table
 RUNS = int(os.environ.get("EFFECT_LEDGER_CRASH_RUNS", "2"))
 
 
-@pytest.fixture(scope="module")
-def cells() -> list[Cell]:
-    result = run_matrix(RUNS)
-    print("\n" + table(result))
+@pytest.fixture(scope="module", params=["ledger", "ledger-sync"])
+def cells(request: pytest.FixtureRequest) -> list[Cell]:
+    """The agent through ``Ledger`` and through ``SyncLedger`` (embedded), whose intent and outcome
+    are written on the caller's own thread: the path of synchronous code and of the LangGraph, DBOS,
+    CrewAI and Agent Framework adapters."""
+    result = run_matrix(RUNS, mode=request.param)
+    print(f"\n{request.param}:\n" + table(result))
     return result
 
 

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from pathlib import Path
@@ -62,6 +61,7 @@ from tests.sdk_contract import (
     LedgerContract,
     db_counts,
     event_kinds,
+    wait_until,
 )
 
 # --- the adapter: the async Ledger interface, through the sync door ----------------------------------
@@ -243,14 +243,6 @@ def execute(ledger: SyncLedger, call: Any, **kw: Any) -> Confirmation:
     )
     args.update(kw)
     return ledger.execute(call=call, **args)
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
 
 
 def call_threads() -> list[threading.Thread]:

@@ -5,7 +5,6 @@ and closing the ledger ends the idle ones."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,14 +15,7 @@ from effect_ledger import SyncLedger
 from effect_ledger.core.reconcile import Target
 from effect_ledger.errors import EffectUncertain
 from effect_ledger.sdk.sync import _CallThreads
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
+from tests.sdk_contract import wait_until
 
 
 def idle_call_threads() -> list[threading.Thread]:

@@ -16,7 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,7 @@ from effect_ledger.core.keys import effect_key
 from effect_ledger.core.model import Event, State
 from effect_ledger.sdk import sync as sync_module
 from effect_ledger.sdk.store.sqlite import Durability
-from tests.sdk_contract import DECLARED, OPERATION, REQUEST, TARGET
-
-
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.005)
+from tests.sdk_contract import DECLARED, OPERATION, REQUEST, TARGET, wait_until
 
 
 class WritingThreads:
