@@ -228,6 +228,8 @@ _SIGNAL_SCRIPT = textwrap.dedent(
     import json, os, signal, sqlite3, sys, threading, time
     from effect_ledger import SyncLedger, Target
 
+    # Ctrl-C as in a terminal: a test run started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     path, mode = sys.argv[1], sys.argv[2]
     ledger = SyncLedger.open(path, targets=[Target("payments")])
     main, out, calls = threading.get_ident(), {}, []
