@@ -22,6 +22,7 @@ import dataclasses
 import inspect
 import random
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -95,18 +96,18 @@ _AGAIN_MOST_S = 2.0
 MOST_REFUSED_ATTEMPTS = 3
 
 
-class TimedCall:
+class TimedCall(ABC):
     """A call that keeps its own time: ``within(key, left_s)`` waits for it, blocking the thread,
     and raises ``TimeoutError`` past ``left_s``, what is left of the intent's timeout; ``call(key)``
     returns an awaitable, for the other uses (a replay). ``SyncLedger`` gives one when it runs the
     ledger's work on the caller's thread, on a loop where nothing else runs: waiting for a thread
     there costs less than waking a loop."""
 
-    def __call__(self, key: str) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def __call__(self, key: str) -> Any: ...
 
-    def within(self, key: str, left_s: float) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def within(self, key: str, left_s: float) -> Any: ...
 
 
 class _Passing(Exception):

@@ -305,7 +305,7 @@ class Store:
         self._queue_lock = threading.Lock()
         self._queued: list[_Queued] = []  # writes of callers' threads, for the next to take the writer
         # The results of the last transaction once its COMMIT returned (None before): set under the writer.
-        self.committed: list[Any] | None = None
+        self._committed: list[Any] | None = None
         self._reading = threading.Lock()
         try:
             self._home: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -614,8 +614,8 @@ class Store:
         except BaseException:
             # This thread interrupted: if the batch committed, it stands for everyone; else nothing
             # was written and the others' writes wait for the next writer.
-            if self.committed is not None:
-                for q, result in zip(batch, self.committed, strict=True):
+            if self._committed is not None:
+                for q, result in zip(batch, self._committed, strict=True):
                     q.result, q.done = result, True
             else:
                 with self._queue_lock:
@@ -630,7 +630,8 @@ class Store:
                 self._bound_wal_locked()
 
     def _bound_wal_locked(self) -> None:
-        """``_bound_wal`` on this thread, holding the writer."""
+        """``_bound_wal`` on this thread, holding the writer (the home loop's from the store's thread,
+        a caller's thread after its group commit)."""
         size = self._wal_over()
         if not size:
             return
@@ -675,7 +676,7 @@ class Store:
                     if not fut.done():
                         fut.set_result(result)
                     # The WAL's size is looked at once some writing has accumulated, not per commit.
-                    self._unchecked += op.size if isinstance(op, _Write) else _CHECK_WAL_EVERY_BYTES
+                    self._unchecked += _size(op)
                     if self._unchecked < _CHECK_WAL_EVERY_BYTES:
                         return
                     self._unchecked = 0
@@ -764,12 +765,12 @@ class Store:
                 self._sync_level = None
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._sync_level = level
-        self.committed = None
+        self._committed = None
         try:
             conn.execute("BEGIN IMMEDIATE")  # inside: an interruption as it returns still rolls back
             results = [self._write_effect(conn, op) if isinstance(op, _Write) else op(conn) for op in ops]
             conn.execute("COMMIT")  # 3. durable from here: only then does the caller go on
-            self.committed = results  # what an interruption from here on must not undo
+            self._committed = results  # what an interruption from here on must not undo
             return results
         except BaseException:
             _rollback(conn)
@@ -801,14 +802,12 @@ class Store:
         writes (the next batch queues meanwhile) and, up to ``_CHECKPOINT_WAIT_MS``, for other
         connections; a reader holding an old snapshot makes it give up until the WAL has grown by
         half the limit again. Below the limit nothing happens here: no checkpoint per commit."""
-        size = self._wal_over()
-        if not size:
-            return
-        try:
-            done = await asyncio.get_running_loop().run_in_executor(self._thread, self._restart_wal)
-        except sqlite3.Error:
-            done = False
-        self._wal_retry_bytes = 0 if done else size + WAL_LIMIT_BYTES // 2
+        if self._wal_over():
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._bound_wal_holding)
+
+    def _bound_wal_holding(self) -> None:
+        with self._writing:
+            self._bound_wal_locked()
 
     def _wal_over(self) -> int:
         """The WAL's size when it is past the limit (and not waiting for a retry), else 0."""
@@ -817,10 +816,6 @@ class Store:
         except OSError:
             return 0
         return size if size > max(WAL_LIMIT_BYTES, self._wal_retry_bytes) else 0
-
-    def _restart_wal(self) -> bool:
-        with self._writing:
-            return self._restart_wal_locked()
 
     def _restart_wal_locked(self) -> bool:
         with self._checkpointing:  # a background round ends first (it only copies: it is short)
