@@ -97,7 +97,10 @@ Why each is needed (faust 0.15.3 has no public way):
   is what aiokafka does at the request timeout, and a connection that takes ``CONNECT_WAIT_S`` to
   open counts as failed, as aiokafka counts a refused one. Without them a fetch, a coordinator
   lookup or a metadata read sent into a cut waited 90 s, and a connect into one held the client's
-  only connection lock (``_get_conn_lock``) as long. A group join keeps faust's request timeout:
+  only connection lock (``_get_conn_lock``) as long. A fetch gets less (``FETCH_WAIT_S``): the
+  broker holds one for at most faust's 1.5 s, so one unanswered for longer has a silent leader,
+  and until its connection is dropped the partitions it led are not read (a broker paused 12 s
+  held them for the 10 s of the request wait). A group join keeps faust's request timeout:
   the coordinator answers it only when the whole group has rejoined, up to the rebalance timeout.
   A coordinator lookup (FindCoordinator) gets ``HEARTBEAT_WAIT_S``, and goes to a broker chosen
   at random (``get_random_node``, its one caller on a consumer's client), which is wrapped to
@@ -369,11 +372,14 @@ def drop_connection(client: Any, node: Any, group: Any, silent_s: float = 0.0) -
         silent[node] = time.monotonic() + silent_s
 
 
-def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float, lookup_wait_s: float) -> bool:
+def bound_requests(
+    app: faust.App, request_wait_s: float, connect_wait_s: float, lookup_wait_s: float, fetch_wait_s: float
+) -> bool:
     """Give every request of the worker's consumer but a group join ``request_wait_s`` for its
-    answer (a coordinator lookup ``lookup_wait_s``), and a new connection ``connect_wait_s`` to
-    open; ask a broker that did not answer in time where the coordinator is only when no other can
-    be asked (module docstring). Idempotent; True when installed by this call."""
+    answer (a coordinator lookup ``lookup_wait_s``, a fetch ``fetch_wait_s``), and a new connection
+    ``connect_wait_s`` to open; ask a broker that did not answer in time where the coordinator is
+    only when no other can be asked (module docstring). Idempotent; True when installed by this
+    call."""
     consumer: Any = app.consumer
     client = consumer._thread._consumer._client
     if getattr(client, "_effect_ledger_bounded", False):
@@ -386,7 +392,7 @@ def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float,
         key = getattr(request, "API_KEY", None)
         if key == _JOIN_GROUP:
             return await send(node_id, request, *args, **kwargs)
-        wait = lookup_wait_s if key == _FIND_COORDINATOR else request_wait_s
+        wait = lookup_wait_s if key == _FIND_COORDINATOR else fetch_wait_s if key == _FETCH else request_wait_s
         try:
             return await asyncio.wait_for(send(node_id, request, *args, **kwargs), wait)
         except TimeoutError:
@@ -427,8 +433,9 @@ def bound_requests(app: faust.App, request_wait_s: float, connect_wait_s: float,
     return True
 
 
-_JOIN_GROUP = 11  # the Kafka protocol's API keys of JoinGroup and FindCoordinator
+_JOIN_GROUP = 11  # the Kafka protocol's API keys of JoinGroup, FindCoordinator and Fetch
 _FIND_COORDINATOR = 10
+_FETCH = 1
 
 
 def hold_fetching_until_streams_resume(app: faust.App) -> None:

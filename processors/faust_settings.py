@@ -33,6 +33,12 @@ HEARTBEAT_WAIT_S = 3.0
 #: handling, sooner: ``faust_internals.bound_requests``). A group join is the exception: it waits
 #: for the whole group to rejoin, up to the rebalance timeout, under faust's request timeout.
 REQUEST_WAIT_S = SESSION_TIMEOUT_S
+#: A fetch's answer, sooner: faust's consumer asks the broker to hold a fetch for at most 1.5 s
+#: when it has nothing new (``fetch_max_wait_ms``, fixed in faust's driver), so a fetch unanswered
+#: for twice that went to a leader that stopped answering (paused, cut off), and the partitions it
+#: led are read from nowhere until the connection is dropped and their new leader looked up: for
+#: the whole request wait, the partitions' intents were not folded and every call on them waited.
+FETCH_WAIT_S = 3.0
 CONNECT_WAIT_S = SESSION_TIMEOUT_S / 2
 
 

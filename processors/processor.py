@@ -104,6 +104,7 @@ from effect_ledger.processors.faust_settings import (
     BATCH_WITHIN_S,
     CONNECT_WAIT_S,
     DRAIN_S,
+    FETCH_WAIT_S,
     HEARTBEAT_WAIT_S,
     MEMBER_FOR_S,
     REQUEST_WAIT_S,
@@ -379,7 +380,7 @@ class LedgerProcessor:
         def watch_group() -> bool:
             """Bound the consumer's requests and watch its membership (idempotent): True when the
             membership was installed by this call."""
-            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S)
+            faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S, FETCH_WAIT_S)
             return faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S)
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too

@@ -35,9 +35,11 @@ from typing import Any
 
 from effect_ledger.streams.admin import wait_ready
 from tests.chaos import check, net
-from tests.chaos.nemesis import GROUP, KINDS, Nemesis
+from tests.chaos.nemesis import GROUP, KINDS, Nemesis, under_replicated
 from tests.chaos.world import World
 from tests.topic_io import TopicReader
+
+_SHAPING = ("rate", "hold", "gap", "timeout", "partitions")  # options a replay must repeat
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,11 +57,25 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="chaos-report", help="folder of the report [chaos-report]")
     p.add_argument("--keep", action="store_true", help="leave the cluster and namespaces up afterwards")
     a = p.parse_args(argv)
+    a.shaping = {name: p.get_default(name) for name in _SHAPING}  # the defaults, for the replay
     a.kinds = [k.strip() for k in a.faults.split(",") if k.strip()]
     unknown = [k for k in a.kinds if k not in KINDS]
     if unknown:
         p.error(f"unknown fault kind(s): {', '.join(unknown)}; known: {', '.join(KINDS)}")
     return a
+
+
+def replay_command(a: argparse.Namespace, seed: int) -> str:
+    """The command that runs this schedule again: the seed and every option that shapes the run
+    (the fault kinds, the rate, the holds and gaps, the timeouts) where it is not the default."""
+    parts = ["python -m tests.chaos", "--short" if a.short else f"--minutes {a.minutes:g}", f"--seed {seed}"]
+    if a.kinds != list(KINDS):
+        parts.append(f"--faults {','.join(a.kinds)}")
+    for name, default in a.shaping.items():
+        value = getattr(a, name)
+        if value != default:
+            parts.append(f"--{name} {value:g}")
+    return " ".join(parts)
 
 
 def progress(msg: str) -> None:
@@ -99,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(seed)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    replay = f"python -m tests.chaos {'--short ' if a.short else f'--minutes {a.minutes:g} '}--seed {seed}"
+    replay = replay_command(a, seed)
     progress(f"seed {seed} (replay: {replay})")
     wd = Path(tempfile.mkdtemp(prefix="chaos-"))
     world: World | None = None
@@ -182,6 +198,25 @@ def _wait_calls(world: World, seconds: float) -> None:
         time.sleep(0.5)
 
 
+#: The most a fault waits for the one before to be healed in the cluster too (every partition's
+#: replicas back in sync); past it, the fault starts all the same and the wait says so.
+REPLICATED_WAIT_S = 60.0
+
+
+def _wait_replicated(world: World, bound_s: float) -> float:
+    """Wait until no partition of the run is under-replicated (at most ``bound_s``); the seconds waited."""
+    t = time.monotonic()
+    while (left := under_replicated(world)) != 0:
+        if time.monotonic() - t >= bound_s:
+            progress(f"{left} partitions still under-replicated after {bound_s:.0f} s: the next fault starts anyway")
+            break
+        _wait_calls(world, 1)
+    waited = time.monotonic() - t
+    if waited >= 1:
+        progress(f"waited {waited:.0f} s for every partition's replicas to be back in sync")
+    return waited
+
+
 def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out: Path, replay: str) -> int:
     t0 = time.monotonic()
     started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -195,6 +230,7 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
             break
         hold = a.hold if a.hold is not None else (12.0 if a.short else rng.uniform(5, 15))
         gap = a.gap if a.gap is not None else (10.0 if a.short else rng.uniform(5, 12))
+        waited = _wait_replicated(world, REPLICATED_WAIT_S)
         start = time.monotonic()
         try:
             fault = nemesis.start(kind)
@@ -214,7 +250,7 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
             _wait_calls(world, hold)
         heal_at = time.monotonic()
         healed = fault.heal()
-        windows.append(check.Window(kind, GROUP[kind], fault.what, start, heal_at, healed))
+        windows.append(check.Window(kind, GROUP[kind], fault.what, start, heal_at, healed, waited))
         _wait_calls(world, gap)
     progress("every fault healed; the load runs 15 s more")
     heal_everything(world)

@@ -55,6 +55,10 @@ class Window:
     start: float
     heal: float
     healed: str = ""
+    #: Seconds the run waited, before this fault, for the cluster to be fully replicated again
+    #: after the one before (a broker restarted or cut off catching up): otherwise a broker faulted
+    #: now would be the second one out of the in-sync replicas, and the figures those of two faults.
+    replicated_wait_s: float = 0.0
 
 
 @dataclass
@@ -182,6 +186,7 @@ def availability(w: Window, ops: list[Op]) -> dict[str, Any]:
         "held_s": round(w.heal - w.start, 1), "calls": len(during), "completed": ok,
         "availability": round(ok / len(during), 4) if during else None,
         "recovery_s": None if recovered is None else round(recovered, 2),
+        "replicated_wait_s": round(w.replicated_wait_s, 1),
     }  # fmt: skip
 
 
@@ -234,13 +239,16 @@ def markdown(c: Checked, meta: dict[str, Any], plot: str | None) -> str:
         "",
         "## Faults",
         "",
-        "| start (s) | held (s) | fault | calls | completed | recovery |",
-        "|---:|---:|---|---:|---:|---:|",
+        "| start (s) | held (s) | fault | calls | completed | recovery | waited before it for the replicas |",
+        "|---:|---:|---|---:|---:|---:|---:|",
     ]
     for f in c.faults:
         av = "n/a" if f["availability"] is None else f"{f['availability']:.1%}"
         rec = "n/a" if f["recovery_s"] is None else f"{f['recovery_s']} s"
-        lines.append(f"| {f['start_s'] - meta['t0']:.0f} | {f['held_s']} | {f['what']} | {f['calls']} | {av} | {rec} |")
+        lines.append(
+            f"| {f['start_s'] - meta['t0']:.0f} | {f['held_s']} | {f['what']} | {f['calls']} | {av} | {rec} "
+            f"| {f.get('replicated_wait_s', 0.0)} s |"
+        )
     if n["errors"]:
         lines += ["", "Errors callers met: " + ", ".join(f"{k} {v:,}" for k, v in n["errors"].items()) + "."]
     for name, items in c.anomalies.items():

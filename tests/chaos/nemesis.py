@@ -66,6 +66,24 @@ def leader_of(world: World, topic: str, partition: int = 0) -> int:
     return int(leader)
 
 
+def under_replicated(world: World) -> int:
+    """Partitions of the run's topics and of the group's offsets whose in-sync replicas are fewer
+    than their replicas (a broker back from a fault that has not caught up yet); -1 when the
+    cluster could not be asked."""
+    admin = AdminClient(world.cfg.confluent())
+    try:
+        md = admin.list_topics(timeout=5)
+    except Exception:  # noqa: BLE001 - no answer in time: not known to be replicated
+        return -1
+    return sum(
+        1
+        for name, t in md.topics.items()
+        if name.startswith(world.cfg.prefix) or name == "__consumer_offsets"
+        for part in t.partitions.values()
+        if len(part.isrs) < len(part.replicas)
+    )
+
+
 def coordinator(world: World) -> int:
     """The broker that coordinates the workers' consumer group."""
     from effect_ledger.processors.processor import ProcessorSettings

@@ -22,6 +22,23 @@ def test_pinned_to_the_faust_release_it_was_read_from() -> None:
     assert faust.__version__ == faust_internals.FAUST_VERSION
 
 
+def test_a_fetch_is_given_twice_what_the_broker_may_hold_it(tmp_path: Path) -> None:
+    """``FETCH_WAIT_S`` is read from faust's consumer: the broker answers a fetch within its
+    ``fetch_max_wait_ms`` even with nothing to send, so a fetch bounded at twice that times out only
+    on a leader that stopped answering."""
+    from effect_ledger.processors.faust_settings import FETCH_WAIT_S
+
+    async def held_ms() -> int:
+        app = faust.App("fetching", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+        consumer = app.consumer._thread._create_worker_consumer(app.transport)
+        try:
+            return int(consumer._fetch_max_wait_ms)
+        finally:
+            await consumer.stop()
+
+    assert FETCH_WAIT_S == 2 * asyncio.run(held_ms()) / 1000
+
+
 class _Event:
     message = SimpleNamespace(partition=2, topic="t")
 
@@ -630,6 +647,7 @@ def test_bound_requests_times_out_every_request_but_a_join_and_every_connect(tmp
     from aiokafka.conn import CloseReason
     from aiokafka.errors import RequestTimedOutError
     from aiokafka.protocol.coordination import FindCoordinatorRequest
+    from aiokafka.protocol.fetch import FetchRequest
     from aiokafka.protocol.group import HeartbeatRequest, JoinGroupRequest
 
     conn = _Conn()
@@ -656,8 +674,8 @@ def test_bound_requests_times_out_every_request_but_a_join_and_every_connect(tmp
     app.consumer._thread._consumer = SimpleNamespace(_client=client)
 
     async def scenario() -> None:
-        assert faust_internals.bound_requests(app, 0.2, 0.05, 0.05) is True
-        assert faust_internals.bound_requests(app, 0.2, 0.05, 0.05) is False  # idempotent
+        assert faust_internals.bound_requests(app, 0.2, 0.05, 0.05, 0.15) is True
+        assert faust_internals.bound_requests(app, 0.2, 0.05, 0.05, 0.15) is False  # idempotent
         beat = HeartbeatRequest("g", 3, "m")
         with pytest.raises(RequestTimedOutError):
             await client.send(1, beat, group=ConnectionGroup.COORDINATION)
@@ -670,9 +688,15 @@ def test_bound_requests_times_out_every_request_but_a_join_and_every_connect(tmp
         assert len(conn.closed) == 2
         answer_in.update(lookup=0.1, other=0.1)  # within the request wait, past the lookup's
         assert await client.send(1, beat) == "answered"
+        answer_in.update(other=0.18)  # within the request wait, past the fetch's
+        assert await client.send(1, beat) == "answered"
+        with pytest.raises(RequestTimedOutError):
+            await client.send(1, FetchRequest(1500, 1, 1 << 20, 0, []))
+        assert len(conn.closed) == 3
+        answer_in.update(other=0.1)
         with pytest.raises(RequestTimedOutError):
             await client.send(1, FindCoordinatorRequest("g", 0))
-        assert len(conn.closed) == 3
+        assert len(conn.closed) == 4
         # Broker 1 failed to answer: the lookup asks the others while it is silent.
         assert {client.get_random_node() for _ in range(200)} == {2, 3}  # type: ignore[attr-defined]
         assert await asyncio.wait_for(client._get_conn(2), 5.0) is None  # as aiokafka's failed connect
