@@ -247,7 +247,7 @@ def markdown(c: Checked, meta: dict[str, Any], plot: str | None) -> str:
         rec = "n/a" if f["recovery_s"] is None else f"{f['recovery_s']} s"
         lines.append(
             f"| {f['start_s'] - meta['t0']:.0f} | {f['held_s']} | {f['what']} | {f['calls']} | {av} | {rec} "
-            f"| {f.get('replicated_wait_s', 0.0)} s |"
+            f"| {f['replicated_wait_s']} s |"
         )
     if n["errors"]:
         lines += ["", "Errors callers met: " + ", ".join(f"{k} {v:,}" for k, v in n["errors"].items()) + "."]

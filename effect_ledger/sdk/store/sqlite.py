@@ -624,10 +624,17 @@ class Store:
         else:
             for q, result in zip(batch, results, strict=True):
                 q.result, q.done = result, True
-            self._unchecked += sum(_size(q.op) for q in batch)
-            if self._unchecked >= _CHECK_WAL_EVERY_BYTES:
-                self._unchecked = 0
+            if self._wal_due(sum(_size(q.op) for q in batch)):
                 self._bound_wal_locked()
+
+    def _wal_due(self, written: int) -> bool:
+        """Count ``written`` bytes of commits made outside the flusher; True once enough have
+        accumulated for the WAL's size to be looked at again."""
+        self._unchecked += written
+        if self._unchecked < _CHECK_WAL_EVERY_BYTES:
+            return False
+        self._unchecked = 0
+        return True
 
     def _bound_wal_locked(self) -> None:
         """``_bound_wal`` on this thread, holding the writer (the home loop's from the store's thread,
@@ -676,11 +683,7 @@ class Store:
                     if not fut.done():
                         fut.set_result(result)
                     # The WAL's size is looked at once some writing has accumulated, not per commit.
-                    self._unchecked += _size(op)
-                    if self._unchecked < _CHECK_WAL_EVERY_BYTES:
-                        return
-                    self._unchecked = 0
-                    if not self._wal_over():
+                    if not self._wal_due(_size(op)) or not self._wal_over():
                         return
         self._flusher = asyncio.create_task(self._flush())
 
