@@ -106,6 +106,19 @@ Why each is needed (faust 0.15.3 has no public way):
   at random (``get_random_node``, its one caller on a consumer's client), which is wrapped to
   leave out, for a while, a broker that just failed to answer or to connect: a paused broker was
   asked again one time in three, and held the lookup until the session had run out.
+* ``majority_metadata``: a broker cut off from the other brokers (and so from the controllers) but
+  not from its clients keeps answering them from its last view of the cluster: itself the leader of
+  partitions whose leadership the controllers have since moved, fetches answered with nothing new
+  and no error. aiokafka (0.14, metadata up to v5, no leader epochs) replaces its whole view with
+  whatever one broker, chosen at random, answers, so the consumer kept fetching the moved partitions
+  from the cut broker until the cut healed, and those partitions' intents were not folded: every
+  call on them failed, the other partitions' calls completed (a 25 s cut: 40-60% of calls failed
+  throughout). The client's metadata read (``_metadata_update``, what aiokafka's refresh task runs)
+  is replaced on the instance: every broker the client knows is asked at once, each for at most
+  ``METADATA_WAIT_S``, and the answer kept is the one most answers agree with, partition by
+  partition (``majority_answer``). The refresh itself comes every ``METADATA_MAX_AGE_S`` (faust's
+  public ``consumer_metadata_max_age_ms``), since nothing else tells the consumer that a silent
+  leader is stale.
 * ``refused_authorization``: faust's crash keeps the Kafka client's own exception (aiokafka's
   ``TopicAuthorizationFailedError`` carries the refused topics as its first argument), the only
   place that says which right the ACLs took away when a commit or fetch is refused.
@@ -128,7 +141,8 @@ import faust
 import faust.streams
 from aiokafka.client import ConnectionGroup
 from aiokafka.conn import CloseReason
-from aiokafka.errors import IllegalStateError, RequestTimedOutError
+from aiokafka.errors import IllegalStateError, KafkaError, RequestTimedOutError
+from aiokafka.protocol.metadata import MetadataRequest
 from faust.types import TP
 
 log = logging.getLogger(__name__)
@@ -430,6 +444,84 @@ def bound_requests(
     client.get_random_node = get_random_node
     client._effect_ledger_silent = silent
     client._effect_ledger_bounded = True
+    return True
+
+
+def _leaders(answer: Any) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> leader in a MetadataResponse (aiokafka's layouts: v0 has no
+    ``is_internal``)."""
+    out: dict[tuple[str, int], int] = {}
+    for topic_data in answer.topics:
+        topic, partitions = topic_data[1], topic_data[2 if answer.API_VERSION == 0 else 3]
+        for partition_data in partitions:
+            out[(topic, partition_data[1])] = partition_data[2]
+    return out
+
+
+def majority_answer(answers: list[Any]) -> Any:
+    """Of several brokers' MetadataResponses, the one the others agree with most: per partition,
+    how many answers name the same leader as it does, summed over its partitions. A broker cut off
+    from the controllers answers from its last view, alone against the brokers that still follow
+    them. A tie (two answers, one of them stale) goes to the answer that lists fewer brokers: the
+    cluster leaves a fenced broker out of its answers, while the cut broker still lists itself;
+    then to the first answer."""
+    views = [_leaders(a) for a in answers]
+
+    def score(i: int) -> tuple[int, int]:
+        agree = sum(1 for part, leader in views[i].items() for view in views if view.get(part) == leader)
+        return agree, -len(answers[i].brokers)
+
+    return answers[max(range(len(answers)), key=score)]
+
+
+def majority_metadata(app: faust.App, wait_s: float) -> int:
+    """Make the worker's consumer, and faust's producer when it runs, read the cluster's metadata
+    from every broker they know and keep the answer most of them agree with (module docstring).
+    Idempotent; returns how many clients it was installed on by this call."""
+    clients = [app.consumer._thread._consumer._client]  # type: ignore[attr-defined]
+    producer = getattr(app.producer, "_producer", None)
+    if producer is not None:
+        clients.append(producer.client)
+    return sum(_majority_metadata(client, wait_s) for client in clients)
+
+
+def _majority_metadata(client: Any, wait_s: float) -> bool:
+    if getattr(client, "_effect_ledger_majority", False):
+        return False
+    original = client._metadata_update
+
+    # A broker that did not answer (here, or a request or connect of ``bound_requests``) is left
+    # out for a while: a connect to it would hold the client's connection lock every 3 s, and the
+    # others' answers are enough (the cluster drops it from them once it is fenced).
+    silent: dict[Any, float] | None = getattr(client, "_effect_ledger_silent", None)  # shared with it
+    if silent is None:
+        silent = {}
+
+    async def ask(node_id: Any, request: Any) -> Any:
+        try:
+            return await asyncio.wait_for(client.send(node_id, request), wait_s)
+        except (KafkaError, TimeoutError, OSError) as e:
+            log.debug("no metadata from broker %s: %r", node_id, e)
+            silent[node_id] = time.monotonic() + 3 * wait_s
+            return None
+
+    async def metadata_update(cluster_metadata: Any, topics: Any) -> bool:
+        known = [b.nodeId for b in client.cluster.brokers()]
+        if len(known) < 2 or ("bootstrap", ConnectionGroup.DEFAULT) in client._conns:
+            return bool(await original(cluster_metadata, topics))  # nothing to compare yet
+        now = time.monotonic()
+        nodes = [n for n in known if silent.get(n, 0.0) <= now] or known
+        request = MetadataRequest(list(topics) if topics else None)
+        answers = [a for a in await asyncio.gather(*(ask(n, request) for n in nodes)) if a is not None and a.brokers]
+        if not answers:
+            log.error("no metadata from any of brokers %s", nodes)
+            cluster_metadata.failed_update(None)
+            return False
+        cluster_metadata.update_metadata(majority_answer(answers))
+        return True
+
+    client._metadata_update = metadata_update
+    client._effect_ledger_majority = True
     return True
 
 

@@ -40,6 +40,15 @@ REQUEST_WAIT_S = SESSION_TIMEOUT_S
 #: the whole request wait, the partitions' intents were not folded and every call on them waited.
 FETCH_WAIT_S = 3.0
 CONNECT_WAIT_S = SESSION_TIMEOUT_S / 2
+#: How often the worker's consumer (and faust's producer, which sends the timer's commands) reads
+#: the cluster's metadata again, from every broker, keeping what most of them say
+#: (``faust_internals.majority_metadata``): a broker cut off from the other brokers but not from
+#: the worker goes on answering its fetches as the leader of partitions the controllers have
+#: moved, with nothing new and no error, so only a fresh read of the metadata moves the consumer
+#: to their new leaders (faust's default: every 5 minutes).
+METADATA_MAX_AGE_S = 3.0
+#: How long each broker gets to answer that read (a live broker answers at once).
+METADATA_WAIT_S = 2.0
 
 
 class QuietMonitor(Monitor):
@@ -93,4 +102,6 @@ def throughput_settings() -> dict[str, Any]:
         "broker_session_timeout": SESSION_TIMEOUT_S,
         "broker_rebalance_timeout": REBALANCE_TIMEOUT_S,
         "broker_heartbeat_interval": SESSION_TIMEOUT_S / 5,
+        "consumer_metadata_max_age_ms": int(METADATA_MAX_AGE_S * 1000),
+        "producer_metadata_max_age_ms": int(METADATA_MAX_AGE_S * 1000),  # the timer's commands
     }

@@ -107,6 +107,7 @@ from effect_ledger.processors.faust_settings import (
     FETCH_WAIT_S,
     HEARTBEAT_WAIT_S,
     MEMBER_FOR_S,
+    METADATA_WAIT_S,
     REQUEST_WAIT_S,
     throughput_settings,
 )
@@ -381,6 +382,7 @@ class LedgerProcessor:
             """Bound the consumer's requests and watch its membership (idempotent): True when the
             membership was installed by this call."""
             faust_internals.bound_requests(app, REQUEST_WAIT_S, CONNECT_WAIT_S, HEARTBEAT_WAIT_S, FETCH_WAIT_S)
+            faust_internals.majority_metadata(app, METADATA_WAIT_S)
             return faust_internals.confirm_membership(app, self.membership, HEARTBEAT_WAIT_S)
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # faust passes the revoked set too

@@ -706,3 +706,88 @@ def test_bound_requests_times_out_every_request_but_a_join_and_every_connect(tmp
         assert {client.get_random_node() for _ in range(200)} == {1, 2, 3}  # type: ignore[attr-defined]
 
     asyncio.run(scenario())
+
+
+def _metadata(leaders: dict[int, int], brokers: tuple[int, ...] = (1, 2, 3)) -> Any:
+    """A MetadataResponse v5 (the newest aiokafka 0.14 speaks, and what Kafka 4 answers it) for
+    topic ``t``: partition -> leader."""
+    from aiokafka.protocol.metadata import MetadataResponse_v5
+
+    parts = [(0, p, leader, [1, 2, 3], [1, 2, 3], []) for p, leader in sorted(leaders.items())]
+    return MetadataResponse_v5(0, [(n, f"10.0.0.{n}", 9092, None) for n in brokers], "c", brokers[0],
+                               [(0, "t", False, parts)])  # fmt: skip
+
+
+def test_majority_answer_outvotes_a_broker_that_still_names_itself_leader() -> None:
+    stale = _metadata({0: 1, 1: 2, 2: 1})  # cut off: its last view of the controllers' decisions
+    fresh = _metadata({0: 2, 1: 2, 2: 3}, brokers=(2, 3))  # the cluster fenced broker 1 and moved on
+    assert faust_internals.majority_answer([stale, fresh, fresh]) is fresh
+    assert faust_internals.majority_answer([fresh, stale, fresh]) is fresh
+    # Two answers that disagree: the one that leaves the fenced broker out.
+    assert faust_internals.majority_answer([stale, fresh]) is fresh
+    assert faust_internals.majority_answer([fresh, stale]) is fresh
+    assert faust_internals.majority_answer([stale]) is stale  # one answer is all there is
+    # Before the fence every answer lists all three brokers: the vote alone decides.
+    moved = _metadata({0: 2, 1: 2, 2: 3})
+    assert faust_internals.majority_answer([stale, moved, moved]) is moved
+    assert faust_internals.majority_answer([moved, stale, moved]) is moved
+
+
+def test_majority_metadata_asks_every_broker_and_keeps_what_most_say(tmp_path: Path) -> None:
+    """aiokafka's refresh task calls the client's ``_metadata_update(cluster, topics)``, which asks
+    one broker chosen at random and takes its answer whole: one time in three, a broker cut off
+    from the others. Installed, every broker is asked, and the majority's leaders are kept."""
+    import inspect
+
+    from aiokafka.client import AIOKafkaClient
+    from aiokafka.cluster import ClusterMetadata
+    from aiokafka.protocol.metadata import MetadataRequest
+    from aiokafka.structs import TopicPartition
+
+    assert "self._metadata_update(self.cluster, topics)" in inspect.getsource(AIOKafkaClient._md_synchronizer)
+    answers = {1: _metadata({0: 1, 1: 1}), 2: _metadata({0: 2, 1: 3}, (2, 3)), 3: _metadata({0: 2, 1: 3}, (2, 3))}
+    asked: list[int] = []
+    slow: set[int] = set()
+
+    class Client:
+        _conns: dict[Any, Any] = {}
+
+        def __init__(self) -> None:
+            self.cluster = ClusterMetadata()
+            self.cluster.update_metadata(answers[1])  # it knows all three brokers
+
+        async def send(self, node_id: int, request: Any) -> Any:
+            assert isinstance(request, MetadataRequest)
+            asked.append(node_id)
+            if node_id in slow:
+                await asyncio.sleep(3600)  # a broker that does not answer
+            return answers[node_id]
+
+        async def _metadata_update(self, cluster: Any, topics: Any) -> bool:
+            raise AssertionError("the one-broker read is replaced")
+
+    consumer_client, producer_client = Client(), Client()
+    app = faust.App("majority", broker="kafka://127.0.0.1:1", datadir=str(tmp_path))
+    app.consumer._thread._consumer = SimpleNamespace(_client=consumer_client)
+    app.producer._producer = SimpleNamespace(client=producer_client)
+
+    async def scenario() -> None:
+        assert faust_internals.majority_metadata(app, 0.2) == 2
+        assert faust_internals.majority_metadata(app, 0.2) == 0  # idempotent
+        for client in (consumer_client, producer_client):
+            assert await client._metadata_update(client.cluster, {"t"}) is True
+            assert client.cluster.leader_for_partition(TopicPartition("t", 0)) == 2
+            assert client.cluster.leader_for_partition(TopicPartition("t", 1)) == 3
+        assert sorted(asked) == [1, 1, 2, 2, 3, 3]
+        # The cluster leaves the fenced broker out of its answers: the client now asks the other two.
+        assert sorted(b.nodeId for b in consumer_client.cluster.brokers()) == [2, 3]
+        slow.add(3)  # one of them stops answering: the other's answer is kept, and 3 is left out a while
+        assert await consumer_client._metadata_update(consumer_client.cluster, {"t"}) is True
+        asked.clear()
+        assert await consumer_client._metadata_update(consumer_client.cluster, {"t"}) is True
+        assert asked == [2]
+        slow.add(2)  # nobody answers: the refresh failed, the view stays
+        assert await consumer_client._metadata_update(consumer_client.cluster, {"t"}) is False
+        assert consumer_client.cluster.leader_for_partition(TopicPartition("t", 0)) == 2
+
+    asyncio.run(scenario())
