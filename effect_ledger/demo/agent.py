@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--patience", type=float, default=30.0)
     p.add_argument("--kafka", default=None, help="Kafka mode: bootstrap servers")
     p.add_argument("--prefix", default=None, help="Kafka mode: topic prefix")
-    p.add_argument("--lookup", default=None, help="Kafka mode: the ledger processor's URL")
+    p.add_argument("--lookup", default=None, help="Kafka mode: the processor workers' URLs, comma-separated")
     args = p.parse_args(argv)
     if args.mode == "ledger-sync":
         if args.kafka:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from effect_ledger._extras import require
@@ -140,7 +140,7 @@ class Ledger:
         kafka: KafkaConfig | str | None = None,
         sync: bool = False,
         sync_timeout: float = DEFAULT_SYNC_TIMEOUT_S,
-        lookup: str | None = None,
+        lookup: str | Sequence[str] | None = None,
         lookup_token: str | None = None,
         metrics: Any = None,
         metrics_port: int | None = None,
@@ -162,7 +162,9 @@ class Ledger:
         ``sync_timeout`` s; then the effect is FAILED without a call; a refusal that passes by itself, a
         broker failover or a processor catching up, is tried again within it). ``lookup`` is the ledger
         processor's URL: a key this file does not know, or knows only as open, is looked up there
-        first, so an agent restarted on another host sees what its predecessor did. With ``kafka``,
+        first, so an agent restarted on another host sees what its predecessor did. Name several
+        workers (a list, or URLs separated by commas) and a worker that cannot answer (paused, cut
+        off, rejoining its group) is passed over for the next (``ProcessorLookup``). With ``kafka``,
         ``sync=True`` and ``lookup``, agents on several hosts may race for a key: after Kafka
         acknowledged the intent, the destination is called only once the processor has answered,
         for that intent's offset, that it is the first intent of its attempt in the key's partition
@@ -179,6 +181,10 @@ class Ledger:
         one on ``127.0.0.1:PORT/metrics`` until ``close``.
         """
         path, level = _checked_open(path, durability, targets)  # typed errors, nothing touched yet
+        if lookup is not None:
+            from effect_ledger.sdk.kafka.lookup import lookup_urls
+
+            lookup = lookup_urls(lookup)  # ConfigError, before the file is touched
         declared = resolve_targets(targets)  # a bad declaration fails before the file is touched
         cfg: KafkaConfig | None = None
         if kafka is not None:

@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--partitions", type=int, required=True)
     p.add_argument("--targets", required=True)
     p.add_argument("--urls", required=True, help="JSON: target name -> gateway URL")
-    p.add_argument("--lookup", required=True, help="a processor worker's lookup URL")
+    p.add_argument("--lookup", required=True, help="the workers' lookup URLs, comma-separated, in order")
     p.add_argument("--rate", type=float, required=True, help="effects per second")
     p.add_argument("--host", required=True)
     p.add_argument("--incarnation", type=int, default=0)

@@ -159,12 +159,18 @@ class World:
         raise TimeoutError(f"the workers did not own the {self.cfg.partitions} partitions within {timeout} s")
 
     def _agent_argv(self, name: str, incarnation: int) -> list[str]:
-        worker = {"a": "w1", "b": "w2"}[name]  # each host asks the worker beside it
+        # Each host asks the worker beside it first, and the other one when that one cannot answer.
+        lookup = self._lookup_urls("w1" if name == "a" else "w2")
         return self._py("-m", "tests.chaos.agent", "--db", str(self.wd / f"host-{name}.db"), "--history",
                         str(self.wd / f"history-{name}.jsonl"), *self._kafka_args(), "--targets",
-                        str(self.targets), "--urls", json.dumps(self.urls), "--lookup",
-                        f"http://{net.addr(worker)}:{WEB_PORT}", "--rate", str(self.rate), "--host", name,
+                        str(self.targets), "--urls", json.dumps(self.urls), "--lookup", lookup, "--rate",
+                        str(self.rate), "--host", name,
                         "--timeout", str(self.timeout), "--incarnation", str(incarnation))  # fmt: skip
+
+    def _lookup_urls(self, first: str) -> str:
+        """Every worker's lookup URL, ``first`` first."""
+        names = sorted(self.workers, key=lambda n: n != first)
+        return ",".join(f"http://{net.addr(n)}:{WEB_PORT}" for n in names)
 
     def start_agents(self) -> None:
         for name in ("a", "b"):
@@ -191,7 +197,7 @@ class World:
         argv = self._py("-m", "tests.chaos.takeover", "--history-of", str(self.wd / f"history-{victim}.jsonl"),
                         "--db", str(self.wd / f"takeover-{n}.db"), "--history", str(self.wd / f"history-{name}.jsonl"),
                         *self._kafka_args(), "--targets", str(self.targets), "--urls", json.dumps(self.urls),
-                        "--lookup", f"http://{net.addr('w1' if side == 'a' else 'w2')}:{WEB_PORT}", "--host", name,
+                        "--lookup", self._lookup_urls("w1" if side == "a" else "w2"), "--host", name,
                         "--timeout", str(self.timeout))  # fmt: skip
         env = {"EFFECTS_WEB_TOKEN": self.token, "PYTHONPATH": str(net.ROOT)}
         child = Child(name, side, argv, self.wd / f"takeover-{n}.log", env, self.preload).start()

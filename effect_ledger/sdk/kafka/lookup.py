@@ -1,21 +1,70 @@
-"""Asking the ledger processor about a key (Kafka mode, an agent restarted on another host)."""
+"""Asking the ledger processor about a key (Kafka mode, an agent restarted on another host, the
+verdict on a claim).
+
+Any worker answers for any key (it forwards to the owner of the key's partition), so an agent may
+name several: a worker that cannot answer (paused, cut off from the brokers, rejoining its group,
+still recovering its table) is passed over for the next one, instead of every call of the agent
+waiting for that one worker for its whole ``sync_timeout``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
-from effect_ledger.errors import EffectRetired, LedgerLagging, LedgerUnavailable
+from effect_ledger.errors import ConfigError, EffectRetired, LedgerLagging, LedgerUnavailable
 from effect_ledger.targets.keyurl import key_url
 
 TOKEN_ENV = "EFFECTS_WEB_TOKEN"
 _MAX_OFFSET = 2**63 - 1
+#: Most workers one lookup setting may name, and the longest URL of one.
+MAX_LOOKUP_URLS = 16
+MAX_LOOKUP_URL_CHARS = 2048
+#: How long a lookup waits for the worker it asked before it asks the next one too. A worker holds
+#: a lookup while its fold catches up (``lookup_bound_s``, 5 s) and a live one answers a claim's
+#: lookup within milliseconds, about a second and a half at worst under faults; a paused worker,
+#: or one behind a network cut, never answers, and its connection still opens (the kernel accepts
+#: it), so only this wait tells it apart. The next worker forwards to the same owner: asking it too
+#: costs one more request, never a different answer.
+HEDGE_S = 1.0
+
+
+def lookup_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
+    """The workers a ``lookup`` setting names: one URL, several separated by commas, or a list of
+    them (in the order to ask them). Raises ``ConfigError`` for anything else: no URL, more than
+    ``MAX_LOOKUP_URLS``, one that is not ``http(s)://host[:port][/path]``."""
+    parts = urls.split(",") if isinstance(urls, str) else urls
+    if isinstance(parts, str | bytes) or not isinstance(parts, Sequence):
+        raise ConfigError(f"lookup must be a URL, several separated by commas or a list, got {type(urls).__name__}")
+    out: list[str] = []
+    for u in parts:
+        if not isinstance(u, str):
+            raise ConfigError(f"lookup URLs must be strings, not {type(u).__name__}")
+        u = u.strip().rstrip("/")
+        if not u:
+            continue
+        if len(u) > MAX_LOOKUP_URL_CHARS:
+            raise ConfigError(f"lookup URL longer than {MAX_LOOKUP_URL_CHARS} characters: {u[:80]}...")
+        try:
+            parsed = URL(u)
+        except ValueError as e:
+            raise ConfigError(f"lookup URL {u[:200]!r} is not a URL: {e}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host or parsed.query_string or parsed.fragment:
+            raise ConfigError(f"lookup URL {u[:200]!r} must be http(s)://host[:port][/path], without a query")
+        if u not in out:
+            out.append(u)
+    if not out:
+        raise ConfigError("lookup names no URL")
+    if len(out) > MAX_LOOKUP_URLS:
+        raise ConfigError(f"lookup names {len(out)} URLs; at most {MAX_LOOKUP_URLS}")
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,21 +106,27 @@ def folded_through_asked(query: Mapping[str, str], partition: int) -> FoldedThro
 
 
 class ProcessorLookup:
-    """``GET {url}/effects/{key}`` on any processor worker (it routes to the owner of the key).
+    """``GET {url}/effects/{key}`` on a processor worker (it routes to the owner of the key).
 
-    ``token``: the processor's lookup token (``effects worker --web-token`` / ``EFFECTS_WEB_TOKEN``),
+    ``url``: one worker, or several (``lookup_urls``): the one that answered last is asked first,
+    and the next one too when the first refuses for now (``LedgerLagging``, a connection that
+    fails) or has not answered in ``HEDGE_S``; the first answer is kept. ``token``: the processor's
+    lookup token (``effects worker --web-token`` / ``EFFECTS_WEB_TOKEN``, one for every worker),
     sent as ``Authorization: Bearer``; by default read from ``EFFECTS_WEB_TOKEN``."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         timeout: float = 15.0,
         token: str | None = None,
         watermarks: Callable[[str], Awaitable[FoldedThrough]] | None = None,
         on_close: Callable[[], None] | None = None,
+        hedge_s: float = HEDGE_S,
     ) -> None:
-        self.url = url.rstrip("/")
-        self._template = self.url.replace("{", "{{").replace("}", "}}") + "/effects/{key}"
+        self.urls = lookup_urls(url)
+        self._templates = tuple(u.replace("{", "{{").replace("}", "}}") + "/effects/{key}" for u in self.urls)
+        self._first = 0  # the worker that answered last: asked first
+        self._hedge_s = hedge_s
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         token = os.environ.get(TOKEN_ENV) if token is None else token
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -81,18 +136,75 @@ class ProcessorLookup:
         self._watermarks = watermarks
         self._on_close = on_close
 
+    @property
+    def url(self) -> str:
+        """The worker asked first."""
+        return self.urls[self._first]
+
     async def events(self, key: str, after: FoldedThrough | None = None) -> list[bytes]:
         """The key's events as the processor's table holds them ([] when it knows none), once it has
         folded ``after`` (by default: what Kafka had acknowledged when it was asked). Raises
         ``LedgerLagging`` when the processor has not caught up with what Kafka acknowledged, and
         ``LedgerUnavailable`` when it cannot be asked, or answers anything but an answer about this
-        very key: never an empty answer it cannot vouch for."""
+        very key: never an empty answer it cannot vouch for. With several workers, these come only
+        once none of them could answer (the message gives each one's reason); a refusal that will
+        not pass (a token refused, an answer about another key, a retired key) comes at once."""
         if after is None and self._watermarks is not None:
             after = await self._watermarks(key)
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
+        if len(self.urls) == 1:
+            return await self._ask(0, key, after)
+        return await self._ask_each(key, after)
+
+    async def _ask_each(self, key: str, after: FoldedThrough | None) -> list[bytes]:
+        n = len(self.urls)
+        order = [(self._first + i) % n for i in range(n)]
+        asking: dict[asyncio.Task[list[bytes]], int] = {}
+        refused: list[LedgerUnavailable] = []
+
+        def ask_next() -> None:
+            i = order[len(asking) + len(refused)]
+            asking[asyncio.ensure_future(self._ask(i, key, after))] = i
+
+        ask_next()
         try:
-            url = key_url(self._template, key)
+            while asking:
+                more = len(asking) + len(refused) < n
+                done, _ = await asyncio.wait(
+                    asking, timeout=self._hedge_s if more else None, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done:  # no answer yet: ask the next worker too
+                    ask_next()
+                    continue
+                for t in done:
+                    i = asking.pop(t)
+                    try:
+                        events = t.result()  # a refusal that will not pass is raised here
+                    except LedgerUnavailable as e:
+                        if not e.passing:
+                            raise
+                        refused.append(e)
+                        if len(asking) + len(refused) < n:
+                            ask_next()
+                        continue
+                    self._first = i
+                    return events
+        finally:
+            for t in asking:
+                t.cancel()
+            if asking:
+                await asyncio.gather(*asking, return_exceptions=True)
+        why = "; ".join(str(e) for e in refused)
+        err = LedgerLagging if any(isinstance(e, LedgerLagging) for e in refused) else LedgerUnavailable
+        raise err(f"none of the {n} ledger processor workers could answer: {why}", passing=True) from refused[0]
+
+    async def _ask(self, i: int, key: str, after: FoldedThrough | None) -> list[bytes]:
+        """One worker's answer about ``key``."""
+        assert self._session is not None
+        base = self.urls[i]
+        try:
+            url = key_url(self._templates[i], key)
             if after is not None:
                 url = url.update_query(after.params())
             # No redirects: an answer from elsewhere is not the processor's, and the token stays here.
@@ -101,16 +213,16 @@ class ProcessorLookup:
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, ValueError) as e:
             raise LedgerUnavailable(
-                f"cannot ask the ledger processor at {self.url}: {type(e).__name__}: {e}", passing=True
+                f"cannot ask the ledger processor at {base}: {type(e).__name__}: {e}", passing=True
             ) from e
         if status == 401:
             raise LedgerUnavailable(
-                f"the ledger processor at {self.url} refused the lookup (401): give its token "
+                f"the ledger processor at {base} refused the lookup (401): give its token "
                 f"(Ledger.open(lookup_token=...) or {TOKEN_ENV})"
             )
         if status == 503 and isinstance(body, dict) and body.get("lagging"):
-            raise LedgerLagging(_lagging(body, self.url))
-        return _events_of(status, body, key, self.url)
+            raise LedgerLagging(_lagging(body, base))
+        return _events_of(status, body, key, base)
 
     async def close(self) -> None:
         if self._on_close is not None:
