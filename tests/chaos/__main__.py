@@ -12,7 +12,9 @@ hosts' ledger files (``effects trace KEY --db OUT/hosts/host-a.db``). Exit statu
 1: an anomaly; 2: the run could not be made (not root, no Java, a cluster that did not come up).
 
 ``--short`` runs one fault of each kind (about 6 minutes, the variant ``make test`` runs); without it
-the faults cycle, each kind in a random order per round, for ``--minutes``. Needs root (``ip netns``,
+the faults cycle, each kind in a random order per round, for ``--minutes``, and with ``--per-kind N``
+until every kind has also held N times (``make chaos``: 30 minutes and 10 of each kind, about 45
+minutes; never past three times ``--minutes``). Needs root (``ip netns``,
 nftables) and libfaketime; ``make chaos`` installs what is missing.
 """
 
@@ -39,12 +41,14 @@ from tests.chaos.nemesis import GROUP, KINDS, Nemesis, under_replicated
 from tests.chaos.world import World
 from tests.topic_io import TopicReader
 
-_SHAPING = ("rate", "hold", "gap", "timeout", "partitions")  # options a replay must repeat
+_SHAPING = ("per_kind", "rate", "hold", "gap", "timeout", "partitions")  # options a replay must repeat
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=30.0, help="minutes of faults (without --short) [30]")
+    p.add_argument("--per-kind", type=int, default=0, metavar="N",
+                   help="and until every kind has held N times (make chaos: 10; at most 3x --minutes) [0]")  # fmt: skip
     p.add_argument("--short", action="store_true", help="one fault of each kind, in a fixed order")
     p.add_argument("--rate", type=float, default=10.0, help="effects per second per agent host [10]")
     p.add_argument("--seed", type=int, default=None, help="the nemesis's seed [random, printed]")
@@ -74,7 +78,7 @@ def replay_command(a: argparse.Namespace, seed: int) -> str:
     for name, default in a.shaping.items():
         value = getattr(a, name)
         if value != default:
-            parts.append(f"--{name} {value:g}")
+            parts.append(f"--{name.replace('_', '-')} {value:g}")
     return " ".join(parts)
 
 
@@ -86,7 +90,7 @@ def schedule(a: argparse.Namespace, rng: random.Random) -> list[str]:
     if a.short:
         return list(a.kinds)
     per_round = (a.hold or 10) + (a.gap or 8.5)
-    rounds = max(1, int(a.minutes * 60 / (per_round * len(a.kinds))) + 1)
+    rounds = max(1, int(a.minutes * 60 / (per_round * len(a.kinds))) + 1, a.per_kind + 1)
     out: list[str] = []
     for _ in range(rounds):
         r = list(a.kinds)
@@ -225,8 +229,13 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
     windows: list[check.Window] = []
     kinds = schedule(a, rng)
     end_by = t0 + (a.minutes * 60 if not a.short else 1e9)
+    cap = t0 + a.minutes * 60 * 3  # --per-kind: bounded all the same
+    held: dict[str, int] = dict.fromkeys(a.kinds, 0)
     for i, kind in enumerate(kinds):
-        if time.monotonic() >= end_by:
+        now = time.monotonic()
+        if now >= end_by and (min(held.values()) >= a.per_kind or now >= cap):
+            if min(held.values()) < a.per_kind:
+                progress(f"stopped at 3x --minutes with a kind held {min(held.values())} times, not {a.per_kind}")
             break
         hold = a.hold if a.hold is not None else (12.0 if a.short else rng.uniform(5, 15))
         gap = a.gap if a.gap is not None else (10.0 if a.short else rng.uniform(5, 12))
@@ -251,6 +260,7 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
         heal_at = time.monotonic()
         healed = fault.heal()
         windows.append(check.Window(kind, GROUP[kind], fault.what, start, heal_at, healed, waited))
+        held[kind] += 1
         _wait_calls(world, gap)
     progress("every fault healed; the load runs 15 s more")
     heal_everything(world)

@@ -29,7 +29,7 @@ import pytest
 
 from effect_ledger.demo.gateway import Gateway
 from effect_ledger.errors import ConfigError, LedgerLagging, LedgerUnavailable
-from effect_ledger.sdk.kafka.lookup import HEDGE_S, MAX_LOOKUP_URLS, ProcessorLookup, lookup_urls
+from effect_ledger.sdk.kafka.lookup import HEDGE_S, MAX_LOOKUP_URLS, SILENT_S, ProcessorLookup, lookup_urls
 from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.streams.partition import partition_for
@@ -61,13 +61,18 @@ def behind(partition: int = 0) -> Reply:
     return Reply(503, json.dumps(body).encode())
 
 
+class _Worker(LoopbackServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a silent worker's late reply to a client that gave up on it: nobody reads it
+
+
 @contextmanager
 def workers(*answers: Callable[[str], Reply]) -> Iterator[list[LoopbackServer]]:
     """Loopback servers answering lookups; ``silent`` among the answers blocks until the test ends."""
     with ExitStack() as stack:
         stack.callback(_RELEASE.set)
         _RELEASE.clear()
-        yield [stack.enter_context(LoopbackServer(a)) for a in answers]
+        yield [stack.enter_context(_Worker(a)) for a in answers]
 
 
 _RELEASE = threading.Event()
@@ -86,7 +91,7 @@ async def ask(lookup: ProcessorLookup, key: str = KEY, within: float = 30) -> li
 
 def test_a_worker_that_refuses_for_now_is_passed_over_and_the_answering_one_asked_first_next_time() -> None:
     with workers(lambda _p: rebalancing(), lambda _p: known()) as (w1, w2):
-        lookup = ProcessorLookup([w1.url, w2.url])
+        lookup = ProcessorLookup([w1.url, w2.url], hedge_s=30)  # no second request for want of time
 
         async def twice() -> tuple[list[bytes], list[bytes]]:
             try:
@@ -118,6 +123,54 @@ def test_a_silent_worker_is_passed_over_after_the_hedge_not_the_lookup_timeout()
     assert [len(w1.seen), len(w2.seen)] == [1, 1]
 
 
+def test_a_silent_worker_is_given_up_on_when_the_others_refused_for_now() -> None:
+    """The first worker is paused, the second rebalances: the lookup ends once the silent one has
+    had SILENT_S, not its whole request timeout, so the caller asks again soon."""
+    with workers(silent, lambda _p: rebalancing()) as (w1, w2):
+        lookup = ProcessorLookup([w1.url, w2.url], timeout=60)
+
+        async def once() -> list[bytes]:
+            try:
+                return await ask(lookup, within=SILENT_S + 10)  # else TimeoutError: the test fails
+            finally:
+                await lookup.close()
+
+        with pytest.raises(LedgerLagging) as e:
+            run(once())
+    assert e.value.passing
+    assert f"{w1.url} did not answer in {SILENT_S:g} s" in str(e.value) and "rebalancing" in str(e.value)
+
+
+def test_a_refusal_that_will_not_pass_ends_the_lookup_while_a_silent_worker_is_still_asked() -> None:
+    with workers(silent, lambda _p: Reply(401, b"{}")) as (w1, w2):
+        lookup = ProcessorLookup([w1.url, w2.url], timeout=60)
+
+        async def once() -> list[bytes]:
+            try:
+                return await ask(lookup, within=SILENT_S)  # before the silent worker is given up on
+            finally:
+                await lookup.close()
+
+        with pytest.raises(LedgerUnavailable, match="401") as e:
+            run(once())
+    assert not e.value.passing
+
+
+def test_three_workers_are_asked_two_at_a_time_and_the_third_after_one_is_given_up_on() -> None:
+    with workers(silent, silent, lambda _p: known()) as (w1, w2, w3):
+        lookup = ProcessorLookup([w1.url, w2.url, w3.url], timeout=60, hedge_s=0.2, silent_s=1.0)
+
+        async def once() -> list[bytes]:
+            try:
+                return await ask(lookup, within=20)
+            finally:
+                await lookup.close()
+
+        assert run(once()) == [EVENT]
+    assert [len(w1.seen), len(w2.seen), len(w3.seen)] == [1, 1, 1]
+    assert lookup.url == w3.url, "the next lookup begins with the worker that answered"
+
+
 def test_when_no_worker_can_answer_the_error_is_lagging_and_gives_each_ones_reason() -> None:
     with workers(lambda _p: rebalancing(), lambda _p: behind()) as (w1, w2):
         lookup = ProcessorLookup([w1.url, w2.url])
@@ -140,7 +193,7 @@ def test_a_refusal_that_will_not_pass_is_raised_at_once_not_asked_elsewhere() ->
     now": asking the next worker would hide a misconfiguration, or a wrong answer."""
     for first in (Reply(401, b"{}"), known("another-key")):
         with workers(lambda _p, r=first: r, lambda _p: known()) as (w1, w2):  # type: ignore[misc]
-            lookup = ProcessorLookup([w1.url, w2.url])
+            lookup = ProcessorLookup([w1.url, w2.url], hedge_s=30)
 
             async def once(lk: ProcessorLookup = lookup) -> list[bytes]:
                 try:
@@ -156,12 +209,14 @@ def test_a_refusal_that_will_not_pass_is_raised_at_once_not_asked_elsewhere() ->
 
 @pytest.mark.parametrize(
     "bad",
-    ["", " , ", "ftp://w1:6066", "http://", "w1:6066", "http://w1:6066/?a=1", "http://w1/#x", ["http://w1", 3],
-     b"http://w1", ",".join(f"http://w{i}:6066" for i in range(MAX_LOOKUP_URLS + 1)), "http://" + "w" * 3000],
+    ["", " , ", "ftp://w1:6066", "http://", "w1:6066", "http://w1:6066/?a=1", "http://w1/#x", "http://w1:6066/?",
+     "http://w1#", "http://w 1:6066", "http://w1\n:6066", "http://user:secret@w1:6066", ["http://w1", 3], b"http://w1",
+     ",".join(f"http://w{i}:6066" for i in range(MAX_LOOKUP_URLS + 1)), "http://" + "w" * 3000, "," * 10**6],
 )  # fmt: skip
 def test_lookup_urls_refuse_what_is_not_a_list_of_worker_urls(bad: object, tmp_path: Path) -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError) as e:
         lookup_urls(bad)  # type: ignore[arg-type]
+    assert "secret" not in str(e.value)
     db = tmp_path / "agent.db"
     with pytest.raises(ConfigError):
         run(Ledger.open(db, targets=[], lookup=bad))  # type: ignore[arg-type]
@@ -212,6 +267,7 @@ def test_calls_complete_through_the_other_worker_while_the_first_named_one_is_fr
         assert a.proc is not None
         try:
             a.proc.send_signal(signal.SIGSTOP)  # frozen until every call has its answer
+            assert a.health() is None, "the frozen worker still answers"
             answers = []
             for k in keys:
                 agent.send(f"execute {k}")

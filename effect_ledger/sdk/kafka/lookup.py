@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
+from effect_ledger.core.urls import credentials_in, safe_url
 from effect_ledger.errors import ConfigError, EffectRetired, LedgerLagging, LedgerUnavailable
 from effect_ledger.targets.keyurl import key_url
 
@@ -27,43 +28,65 @@ _MAX_OFFSET = 2**63 - 1
 #: Most workers one lookup setting may name, and the longest URL of one.
 MAX_LOOKUP_URLS = 16
 MAX_LOOKUP_URL_CHARS = 2048
-#: How long a lookup waits for the worker it asked before it asks the next one too. A worker holds
-#: a lookup while its fold catches up (``lookup_bound_s``, 5 s) and a live one answers a claim's
-#: lookup within milliseconds, about a second and a half at worst under faults; a paused worker,
-#: or one behind a network cut, never answers, and its connection still opens (the kernel accepts
-#: it), so only this wait tells it apart. The next worker forwards to the same owner: asking it too
-#: costs one more request, never a different answer.
+#: How long a lookup waits for the worker it asked before it asks the next one too. A live worker
+#: answers a claim's lookup within milliseconds, about a second and a half at worst under faults; a
+#: paused worker, or one behind a network cut, never answers, and its connection still opens (the
+#: kernel accepts it), so only a wait tells it apart. At most ``_AT_ONCE`` workers are asked at a
+#: time: every worker forwards to the same owner of the key's partition, and each request more is
+#: one more lookup the owner holds while it catches up.
 HEDGE_S = 1.0
+_AT_ONCE = 2
+#: A worker that has not answered a lookup in this long is given up on (with several workers; one
+#: alone gets the whole request timeout): a live one answers within the processor's lookup bound
+#: (``lookup_bound_s``, 5 s by default), at the latest with "lagging".
+SILENT_S = 6.0
 
 
 def lookup_urls(urls: str | Sequence[str]) -> tuple[str, ...]:
     """The workers a ``lookup`` setting names: one URL, several separated by commas, or a list of
     them (in the order to ask them). Raises ``ConfigError`` for anything else: no URL, more than
-    ``MAX_LOOKUP_URLS``, one that is not ``http(s)://host[:port][/path]``."""
-    parts = urls.split(",") if isinstance(urls, str) else urls
-    if isinstance(parts, str | bytes) or not isinstance(parts, Sequence):
+    ``MAX_LOOKUP_URLS``, one longer than ``MAX_LOOKUP_URL_CHARS``, one that is not
+    ``http(s)://host[:port][/path]`` (no query, fragment, white space or control character), or one
+    with a user name or password (the lookup token is the credential; the message hides it)."""
+    if isinstance(urls, str):
+        if len(urls) > MAX_LOOKUP_URLS * (MAX_LOOKUP_URL_CHARS + 1):
+            raise ConfigError(f"lookup is {len(urls):,} characters long; at most {MAX_LOOKUP_URLS} URLs")
+        parts: Sequence[object] = urls.split(",")
+    elif isinstance(urls, bytes) or not isinstance(urls, Sequence):
         raise ConfigError(f"lookup must be a URL, several separated by commas or a list, got {type(urls).__name__}")
+    else:
+        parts = urls
+    if len(parts) > MAX_LOOKUP_URLS * 4:  # a few empty entries (a trailing comma) are let through
+        raise ConfigError(f"lookup names {len(parts):,} URLs; at most {MAX_LOOKUP_URLS}")
     out: list[str] = []
-    for u in parts:
-        if not isinstance(u, str):
-            raise ConfigError(f"lookup URLs must be strings, not {type(u).__name__}")
-        u = u.strip().rstrip("/")
+    for part in parts:
+        if not isinstance(part, str):
+            raise ConfigError(f"lookup URLs must be strings, not {type(part).__name__}")
+        u = part.strip().rstrip("/")
         if not u:
             continue
+        shown = safe_url(u[:200])
         if len(u) > MAX_LOOKUP_URL_CHARS:
-            raise ConfigError(f"lookup URL longer than {MAX_LOOKUP_URL_CHARS} characters: {u[:80]}...")
+            raise ConfigError(f"lookup URL longer than {MAX_LOOKUP_URL_CHARS} characters: {shown[:80]}...")
+        if credentials_in(u):
+            raise ConfigError(
+                f"lookup URL {shown!r} carries a user name or password: give the lookup token instead "
+                f"(Ledger.open(lookup_token=...) or {TOKEN_ENV})"
+            )
+        if any(c in u for c in "?#") or any(not c.isprintable() or c.isspace() for c in u):
+            raise ConfigError(f"lookup URL {shown!r} has a query, a fragment, white space or a control character")
         try:
             parsed = URL(u)
         except ValueError as e:
-            raise ConfigError(f"lookup URL {u[:200]!r} is not a URL: {e}") from None
-        if parsed.scheme not in ("http", "https") or not parsed.host or parsed.query_string or parsed.fragment:
-            raise ConfigError(f"lookup URL {u[:200]!r} must be http(s)://host[:port][/path], without a query")
+            raise ConfigError(f"lookup URL {shown!r} is not a URL: {e}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigError(f"lookup URL {shown!r} must be http(s)://host[:port][/path]")
         if u not in out:
             out.append(u)
+            if len(out) > MAX_LOOKUP_URLS:
+                raise ConfigError(f"lookup names more than {MAX_LOOKUP_URLS} URLs")
     if not out:
         raise ConfigError("lookup names no URL")
-    if len(out) > MAX_LOOKUP_URLS:
-        raise ConfigError(f"lookup names {len(out)} URLs; at most {MAX_LOOKUP_URLS}")
     return tuple(out)
 
 
@@ -108,9 +131,10 @@ def folded_through_asked(query: Mapping[str, str], partition: int) -> FoldedThro
 class ProcessorLookup:
     """``GET {url}/effects/{key}`` on a processor worker (it routes to the owner of the key).
 
-    ``url``: one worker, or several (``lookup_urls``): the one that answered last is asked first,
-    and the next one too when the first refuses for now (``LedgerLagging``, a connection that
-    fails) or has not answered in ``HEDGE_S``; the first answer is kept. ``token``: the processor's
+    ``url``: one worker, or several (``lookup_urls``, every one a worker of the same processor): the
+    one that answered last is asked first, and the next one too when the first refuses for now
+    (``LedgerLagging``, a connection that fails) or has not answered in ``HEDGE_S``; the first
+    answer is kept (``_ask_each``). ``token``: the processor's
     lookup token (``effects worker --web-token`` / ``EFFECTS_WEB_TOKEN``, one for every worker),
     sent as ``Authorization: Bearer``; by default read from ``EFFECTS_WEB_TOKEN``."""
 
@@ -122,11 +146,12 @@ class ProcessorLookup:
         watermarks: Callable[[str], Awaitable[FoldedThrough]] | None = None,
         on_close: Callable[[], None] | None = None,
         hedge_s: float = HEDGE_S,
+        silent_s: float = SILENT_S,
     ) -> None:
         self.urls = lookup_urls(url)
         self._templates = tuple(u.replace("{", "{{").replace("}", "}}") + "/effects/{key}" for u in self.urls)
         self._first = 0  # the worker that answered last: asked first
-        self._hedge_s = hedge_s
+        self._hedge_s, self._silent_s = hedge_s, silent_s
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         token = os.environ.get(TOKEN_ENV) if token is None else token
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -154,64 +179,88 @@ class ProcessorLookup:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         if len(self.urls) == 1:
-            return await self._ask(0, key, after)
-        return await self._ask_each(key, after)
+            return await self._ask(self._session, 0, key, after)
+        return await self._ask_each(self._session, key, after)
 
-    async def _ask_each(self, key: str, after: FoldedThrough | None) -> list[bytes]:
+    async def _ask_each(self, session: aiohttp.ClientSession, key: str, after: FoldedThrough | None) -> list[bytes]:
+        """The first answer of the workers, asked in turn from the one that answered last: the next
+        one as soon as one refuses for now or is given up on (``SILENT_S``), or alongside one that
+        has not answered in ``HEDGE_S``; at most ``_AT_ONCE`` at a time."""
         n = len(self.urls)
         order = [(self._first + i) % n for i in range(n)]
-        asking: dict[asyncio.Task[list[bytes]], int] = {}
-        refused: list[LedgerUnavailable] = []
+        clock = asyncio.get_running_loop().time
+        asking: dict[asyncio.Task[list[bytes]], tuple[int, float]] = {}  # -> (worker, asked at)
+        dropped: list[asyncio.Task[list[bytes]]] = []
+        refused: list[str] = []  # each worker's reason, or that it did not answer
+        lagging = False
+        cause: LedgerUnavailable | None = None
+        asked = 0
 
         def ask_next() -> None:
-            i = order[len(asking) + len(refused)]
-            asking[asyncio.ensure_future(self._ask(i, key, after))] = i
+            nonlocal asked
+            i = order[asked]
+            asked += 1
+            asking[asyncio.ensure_future(self._ask(session, i, key, after))] = (i, clock())
 
         ask_next()
         try:
             while asking:
-                more = len(asking) + len(refused) < n
+                hedge = asked < n and len(asking) < _AT_ONCE
+                oldest, newest = min(t for _, t in asking.values()), max(t for _, t in asking.values())
+                wake = min(oldest + self._silent_s, newest + self._hedge_s if hedge else float("inf"))
                 done, _ = await asyncio.wait(
-                    asking, timeout=self._hedge_s if more else None, return_when=asyncio.FIRST_COMPLETED
+                    asking, timeout=max(0.0, wake - clock()), return_when=asyncio.FIRST_COMPLETED
                 )
-                if not done:  # no answer yet: ask the next worker too
-                    ask_next()
-                    continue
-                for t in done:
-                    i = asking.pop(t)
+                ended = 0
+                for t in sorted(done, key=lambda t: order.index(asking[t][0])):  # in the order asked
+                    i, _ = asking.pop(t)
                     try:
                         events = t.result()  # a refusal that will not pass is raised here
                     except LedgerUnavailable as e:
                         if not e.passing:
                             raise
-                        refused.append(e)
-                        if len(asking) + len(refused) < n:
-                            ask_next()
+                        refused.append(str(e))
+                        lagging = lagging or isinstance(e, LedgerLagging)
+                        cause = cause or e
+                        ended += 1
                         continue
                     self._first = i
                     return events
+                now = clock()
+                for t, (i, at) in list(asking.items()):
+                    if now - at >= self._silent_s:  # given up on: the next worker is asked instead
+                        t.cancel()
+                        del asking[t]
+                        dropped.append(t)
+                        refused.append(f"the ledger processor at {self.urls[i]} did not answer in {self._silent_s:g} s")
+                        ended += 1
+                if not done and not ended and hedge:
+                    ended = 1  # no answer yet: ask the next worker too
+                for _ in range(ended):
+                    if asked < n and len(asking) < _AT_ONCE:
+                        ask_next()
         finally:
-            for t in asking:
+            rest = [*asking, *dropped]
+            for t in rest:
                 t.cancel()
-            if asking:
-                await asyncio.gather(*asking, return_exceptions=True)
-        why = "; ".join(str(e) for e in refused)
-        err = LedgerLagging if any(isinstance(e, LedgerLagging) for e in refused) else LedgerUnavailable
-        raise err(f"none of the {n} ledger processor workers could answer: {why}", passing=True) from refused[0]
+            if rest:
+                await asyncio.gather(*rest, return_exceptions=True)
+        err = LedgerLagging if lagging else LedgerUnavailable
+        why = "; ".join(refused)
+        raise err(f"none of the {n} ledger processor workers could answer: {why}", passing=True) from cause
 
-    async def _ask(self, i: int, key: str, after: FoldedThrough | None) -> list[bytes]:
+    async def _ask(self, session: aiohttp.ClientSession, i: int, key: str, after: FoldedThrough | None) -> list[bytes]:
         """One worker's answer about ``key``."""
-        assert self._session is not None
         base = self.urls[i]
         try:
             url = key_url(self._templates[i], key)
             if after is not None:
                 url = url.update_query(after.params())
             # No redirects: an answer from elsewhere is not the processor's, and the token stays here.
-            async with self._session.get(url, headers=self._headers, allow_redirects=False) as resp:
+            async with session.get(url, headers=self._headers, allow_redirects=False) as resp:
                 body = await resp.json(content_type=None)
                 status = resp.status
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
             raise LedgerUnavailable(
                 f"cannot ask the ledger processor at {base}: {type(e).__name__}: {e}", passing=True
             ) from e
