@@ -84,22 +84,27 @@ def silent(path: str) -> Reply:
     return Reply(503, b"{}")
 
 
-async def ask(lookup: ProcessorLookup, key: str = KEY, within: float = 30) -> list[bytes]:
-    async with asyncio.timeout(within):
-        return await lookup.events(key)
+def ask(lookup: ProcessorLookup, times: int = 1, within: float = 30) -> list[list[bytes]]:
+    """``times`` lookups of KEY in a row, each within ``within`` s (else TimeoutError: the test
+    fails), then the lookup closed."""
+
+    async def go() -> list[list[bytes]]:
+        try:
+            out = []
+            for _ in range(times):
+                async with asyncio.timeout(within):
+                    out.append(await lookup.events(KEY))
+            return out
+        finally:
+            await lookup.close()
+
+    return run(go())
 
 
 def test_a_worker_that_refuses_for_now_is_passed_over_and_the_answering_one_asked_first_next_time() -> None:
     with workers(lambda _p: rebalancing(), lambda _p: known()) as (w1, w2):
         lookup = ProcessorLookup([w1.url, w2.url], hedge_s=30)  # no second request for want of time
-
-        async def twice() -> tuple[list[bytes], list[bytes]]:
-            try:
-                return await ask(lookup), await ask(lookup)
-            finally:
-                await lookup.close()
-
-        first, second = run(twice())
+        first, second = ask(lookup, times=2)
     assert first == second == [EVENT]
     assert len(w1.seen) == 1, "the second lookup went to the worker that answered"
     assert len(w2.seen) == 2
@@ -109,15 +114,9 @@ def test_a_silent_worker_is_passed_over_after_the_hedge_not_the_lookup_timeout()
     with workers(silent, lambda _p: known()) as (w1, w2):
         # Without a second request the lookup would wait for the silent worker for 60 s.
         lookup = ProcessorLookup(f"{w1.url},{w2.url}", timeout=60)
-
-        async def once() -> tuple[list[bytes], float]:
-            t = time.monotonic()
-            try:
-                return await ask(lookup, within=20), time.monotonic() - t
-            finally:
-                await lookup.close()
-
-        events, took = run(once())
+        t = time.monotonic()
+        [events] = ask(lookup, within=20)
+        took = time.monotonic() - t
     assert events == [EVENT]
     assert took >= HEDGE_S * 0.9, "the second worker was asked only once the first had been given HEDGE_S"
     assert [len(w1.seen), len(w2.seen)] == [1, 1]
@@ -128,15 +127,8 @@ def test_a_silent_worker_is_given_up_on_when_the_others_refused_for_now() -> Non
     had SILENT_S, not its whole request timeout, so the caller asks again soon."""
     with workers(silent, lambda _p: rebalancing()) as (w1, w2):
         lookup = ProcessorLookup([w1.url, w2.url], timeout=60)
-
-        async def once() -> list[bytes]:
-            try:
-                return await ask(lookup, within=SILENT_S + 10)  # else TimeoutError: the test fails
-            finally:
-                await lookup.close()
-
         with pytest.raises(LedgerLagging) as e:
-            run(once())
+            ask(lookup, within=SILENT_S + 10)
     assert e.value.passing
     assert f"{w1.url} did not answer in {SILENT_S:g} s" in str(e.value) and "rebalancing" in str(e.value)
 
@@ -144,29 +136,15 @@ def test_a_silent_worker_is_given_up_on_when_the_others_refused_for_now() -> Non
 def test_a_refusal_that_will_not_pass_ends_the_lookup_while_a_silent_worker_is_still_asked() -> None:
     with workers(silent, lambda _p: Reply(401, b"{}")) as (w1, w2):
         lookup = ProcessorLookup([w1.url, w2.url], timeout=60)
-
-        async def once() -> list[bytes]:
-            try:
-                return await ask(lookup, within=SILENT_S)  # before the silent worker is given up on
-            finally:
-                await lookup.close()
-
         with pytest.raises(LedgerUnavailable, match="401") as e:
-            run(once())
+            ask(lookup, within=SILENT_S)  # before the silent worker is given up on
     assert not e.value.passing
 
 
 def test_three_workers_are_asked_two_at_a_time_and_the_third_after_one_is_given_up_on() -> None:
     with workers(silent, silent, lambda _p: known()) as (w1, w2, w3):
         lookup = ProcessorLookup([w1.url, w2.url, w3.url], timeout=60, hedge_s=0.2, silent_s=1.0)
-
-        async def once() -> list[bytes]:
-            try:
-                return await ask(lookup, within=20)
-            finally:
-                await lookup.close()
-
-        assert run(once()) == [EVENT]
+        assert ask(lookup, within=20) == [[EVENT]]
     assert [len(w1.seen), len(w2.seen), len(w3.seen)] == [1, 1, 1]
     assert lookup.url == w3.url, "the next lookup begins with the worker that answered"
 
@@ -174,15 +152,8 @@ def test_three_workers_are_asked_two_at_a_time_and_the_third_after_one_is_given_
 def test_when_no_worker_can_answer_the_error_is_lagging_and_gives_each_ones_reason() -> None:
     with workers(lambda _p: rebalancing(), lambda _p: behind()) as (w1, w2):
         lookup = ProcessorLookup([w1.url, w2.url])
-
-        async def once() -> list[bytes]:
-            try:
-                return await ask(lookup)
-            finally:
-                await lookup.close()
-
         with pytest.raises(LedgerLagging) as e:
-            run(once())
+            ask(lookup)
     assert e.value.passing
     assert "rebalancing" in str(e.value) and "consumed through offset 3" in str(e.value)
     assert w1.url in str(e.value) and w2.url in str(e.value)
@@ -194,15 +165,8 @@ def test_a_refusal_that_will_not_pass_is_raised_at_once_not_asked_elsewhere() ->
     for first in (Reply(401, b"{}"), known("another-key")):
         with workers(lambda _p, r=first: r, lambda _p: known()) as (w1, w2):  # type: ignore[misc]
             lookup = ProcessorLookup([w1.url, w2.url], hedge_s=30)
-
-            async def once(lk: ProcessorLookup = lookup) -> list[bytes]:
-                try:
-                    return await ask(lk)
-                finally:
-                    await lk.close()
-
             with pytest.raises(LedgerUnavailable) as e:
-                run(once())
+                ask(lookup)
         assert not e.value.passing
         assert w2.seen == [], "the second worker was asked"
 
