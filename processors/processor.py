@@ -551,6 +551,7 @@ class LedgerProcessor:
 
     async def _fold_batch(self, batch: list[Any]) -> None:
         self._batch_epoch = self.membership.epoch  # the membership the batch is folded under
+        self._write_kept_again()
         decisions_topic = self.decisions.get_topic_name()
         items: list[tuple[str, Any, Event]] = []
         done: dict[tuple[bool, int], int] = {}
@@ -580,6 +581,22 @@ class LedgerProcessor:
             (self.processed_decisions if from_decisions else self.processed)[p] = offset
         self._batch_done.set()
         self._batch_done = asyncio.Event()
+
+    def _write_kept_again(self) -> None:
+        """Put in the batch the table values a recovery of this worker kept over a late changelog
+        record (``late_records``), in the partitions it owns: written again, they are the last
+        record of their key in the changelog, which compaction keeps. What the table holds now is
+        written (a fold since the recovery may have changed it); the batch's own folds of the same
+        keys come after and replace it."""
+        late = getattr(self.table.data, "late", None)
+        if late is None or len(late) == 0:
+            return
+        for part, keys in late.take(self.index.assigned or ()).items():
+            for tkey in keys:
+                value = self.read_table(part, tkey)
+                if value is not None:
+                    self.out.put(part, tkey, value)
+            log.info("changelog partition %d: %d value(s) kept over late records written again", part, len(keys))
 
     async def _write(self) -> None:
         """Write what the batch collected, once the worker still knows itself a member: it may have

@@ -24,12 +24,12 @@ from typing import Any
 from effect_ledger.core.effect import to_state
 from effect_ledger.core.model import Retirement
 from effect_ledger.core.retention import Retired, why_not
+from effect_ledger.processors.table_value import MARKER_FORMAT
 from effect_ledger.streams.log_clock import log_time_of_message
 
 log = logging.getLogger("effect_ledger.processor")
 
 _HEADER = struct.Struct(">Bq")  # the processor table value's header: format, due_ms (-1: nothing due)
-MARKER_FORMAT = 3  # the table value's formats: 1 and 2 hold an effect (processors/table_value.py)
 
 
 def marker_value(marker: Retired) -> bytes:

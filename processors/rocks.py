@@ -13,12 +13,14 @@ table's size or how many partitions the worker holds.
 
 The store is faust's RocksDB store (rocksdict driver) with these options, registered under the
 ``faust.stores`` entry point as ``effects-rocksdb`` (pyproject.toml): faust's documented way to
-add a store.
+add a store. It applies a recovery's changelog records through ``late_records.weigh``: a late
+record of a previous owner does not replace the newer value held.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
 
 from effect_ledger.processors import _faust_internals as faust_internals
+from effect_ledger.processors.late_records import LateRecords, weigh
 
 log = logging.getLogger("effect_ledger.processor")
 
@@ -126,6 +129,33 @@ class Store(faust_rocksdb.Store):
         bounded = {k: opts.pop(k) for k in ("cache_bytes", "memtables_bytes") if k in opts}
         super().__init__(*args, options={**opts, "driver": "rocksdict"}, **kwargs)
         self.rocksdb_options = BoundedOptions(**bounded, **dict(self.options or {}))
+        self.late = LateRecords()
+
+    def apply_changelog_batch(
+        self, batch: Iterable[Any], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any]
+    ) -> None:
+        """faust's recovery (and standby) write of changelog records, each weighed against the value
+        held (``late_records.weigh``): one RocksDB write batch per partition, then the last offset
+        read per partition (the records not applied were read all the same)."""
+        offsets: dict[Any, int] = {}
+        records = []
+        for event in batch:
+            msg = event.message
+            tp = msg.tp
+            offsets[tp] = max(msg.offset, offsets.get(tp, -1))
+            records.append((msg.partition, msg.key, msg.value, msg.offset))
+        topic = next(iter(offsets)).topic if offsets else ""
+        writes = weigh(records, lambda p, key: self._db_for_partition(p).get(key), self.late, topic)
+        for partition, values in writes.items():
+            wb = rocksdict.WriteBatch(raw_mode=True)
+            for key, value in values.items():
+                if value is None:
+                    wb.delete(key)
+                else:
+                    wb.put(key, value)
+            self._db_for_partition(partition).write(wb)
+        for tp, offset in offsets.items():
+            self.set_persisted_offset(tp, offset)
 
     def memory(self) -> dict[str, int]:
         """RocksDB's counts of its memory over the partitions this store has open (:func:`memory`)."""
@@ -153,5 +183,12 @@ def memory(dbs: Any) -> dict[str, int]:
 
 def store_url(url: str) -> str:
     """The store faust opens for a worker's ``--store``: ``rocksdb://`` is this module's store
-    (same files on disk as faust's own); anything else (``memory://``) is faust's."""
-    return f"{SCHEME}://" if url.startswith("rocksdb:") else url
+    (same files on disk as faust's own), ``memory://`` ``memory_store``'s (faust's, its recoveries
+    weighed); anything else is faust's."""
+    if url.startswith("rocksdb:"):
+        return f"{SCHEME}://"
+    if url.startswith("memory:"):
+        from effect_ledger.processors import memory_store
+
+        return f"{memory_store.SCHEME}://"
+    return url

@@ -1,9 +1,11 @@
 """The processor table's value: one folded effect, bounded.
 
-Layout (format 2)::
+Layout (format 4)::
 
-    >B  format (2)
+    >B  format (4)
     >q  due_ms (-1: nothing due), read without decoding the rest when the deadline index is rebuilt
+    >I  the effect's version (how many facts it folds), read without decoding the rest when a
+        changelog record is weighed against the value held (``keeps``)
     >I  number of blobs, then each blob as >I length + UTF-8 bytes
     JSON of the folded ``Effect``, every string of BLOB_BYTES or more replaced by {"$": i}
 
@@ -23,8 +25,17 @@ or more is replaced by a short marker with its size and sha256 (a marker that ke
 event that would have made it so, instead of writing it (so the table's changelog, limited by
 Kafka's record size, never refuses a write, and a table rebuilt from it agrees with the fold).
 
-Format 1 (the events of the key, concatenated) is still read, so a table written by an earlier
-release is folded into format 2 the next time its key changes.
+Formats 1 (the events of the key, concatenated) and 2 (format 4 without the version) are still
+read, so a table written by an earlier release is folded into format 4 the next time its key
+changes. Format 3 is a retired key's marker (``retirement``).
+
+Why the version is in the header: the table's changelog is written by whichever worker owns the
+partition, and a batch an old owner had in flight when it was paused or cut off can be
+acknowledged after the new owner's records (a late record). Read in the log's order, the late
+record would replace the newer value it lands after. The effect is a function of the set of its
+facts and grows by one fact at a time, so of two values of one key, the one folding fewer facts is
+older: a store recovering the changelog keeps the value held when a record arrives with a lower
+version (``keeps``), and the owner writes that value again (``processors/late_records.py``).
 """
 
 from __future__ import annotations
@@ -48,9 +59,12 @@ from effect_ledger.core.effect import Effect, apply
 from effect_ledger.core.limits import MAX_TABLE_VALUE_BYTES
 from effect_ledger.core.model import INEXACT, INEXACT_PREFIX, Intent, Receipt, Resolution, is_event
 
-FORMAT = 2
+FORMAT = 4
+UNVERSIONED_FORMAT = 2  # format 4 without the version: written by earlier releases, still read
 LEGACY_FORMAT = 1
+MARKER_FORMAT = 3  # a retired key's marker (``retirement``): it outranks any effect value
 _HEADER = struct.Struct(">Bq")  # format, due_ms (-1: nothing due)
+_VERSION = struct.Struct(">I")  # format 4: after the header
 _COUNT = struct.Struct(">I")
 BLOB_BYTES = 512  # strings this long or longer are stored as blobs (deduplicated, unescaped)
 ELIDE_OVER = 1024  # payloads the fold does not read are replaced by a marker from this size on
@@ -337,7 +351,11 @@ def encode(effect: Effect, due_ms: int | None) -> bytes:
     w = _Writer()
     skeleton = _skeleton(w, w.dump(slim(effect)))
     blobs = w.blobs
-    parts = [_HEADER.pack(FORMAT, -1 if due_ms is None else due_ms), _COUNT.pack(len(blobs))]
+    parts = [
+        _HEADER.pack(FORMAT, -1 if due_ms is None else due_ms),
+        _VERSION.pack(effect.version),
+        _COUNT.pack(len(blobs)),
+    ]
     for text in blobs:  # dicts keep insertion order: index i is the i-th blob
         data = text.encode("utf-8", "surrogatepass")
         parts += [_COUNT.pack(len(data)), data]
@@ -349,9 +367,38 @@ def encode(effect: Effect, due_ms: int | None) -> bytes:
 
 
 def due_of_value(value: bytes) -> int | None:
-    """The due time in a value's header (both formats), without decoding the effect."""
+    """The due time in a value's header (every format), without decoding the effect."""
     _, due = _HEADER.unpack_from(value)
     return None if due < 0 else int(due)
+
+
+def version_of(value: bytes | None) -> int | None:
+    """How far a table value has folded, from its header alone: the effect's version (format 4);
+    ``MARKER_RANK`` for a retired key's marker (nothing brings a retired key back); None for no
+    value, a tombstone, or a value of an earlier format (whose version is not known without
+    decoding)."""
+    if value is None or len(value) < _HEADER.size:
+        return None
+    if value[0] == FORMAT and len(value) >= _HEADER.size + _VERSION.size:
+        return int(_VERSION.unpack_from(value, _HEADER.size)[0])
+    if value[0] == MARKER_FORMAT:
+        return MARKER_RANK
+    return None
+
+
+#: A retired key's marker ranks above every effect value (whose version is a ``>I``).
+MARKER_RANK = 1 << 32
+
+
+def keeps(held: bytes | None, incoming: bytes | None) -> bool:
+    """Whether a store holding ``held`` keeps it when the changelog brings ``incoming`` later in
+    the log: only when both carry a version and ``incoming``'s is lower (a late record of an old
+    owner; the module docstring). Anything else is taken in the log's order, as faust does: an
+    equal version is the same set of facts, and a value without a version cannot be weighed."""
+    if held is None or incoming is None:
+        return False
+    h, i = version_of(held), version_of(incoming)
+    return h is not None and i is not None and i < h
 
 
 def decode(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
@@ -359,9 +406,12 @@ def decode(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
     fmt, _ = _HEADER.unpack_from(value)
     if fmt == LEGACY_FORMAT:
         return _decode_legacy(value, decode_event)
-    if fmt != FORMAT:
-        raise ValueError(f"table value in format {fmt}; this release reads formats 1 and 2")
-    pos = _HEADER.size
+    if fmt == FORMAT:
+        pos = _HEADER.size + _VERSION.size
+    elif fmt == UNVERSIONED_FORMAT:
+        pos = _HEADER.size
+    else:
+        raise ValueError(f"table value in format {fmt}; this release reads formats 1, 2 and 4")
     (n,) = _COUNT.unpack_from(value, pos)
     pos += _COUNT.size
     blobs = []

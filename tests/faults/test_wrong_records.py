@@ -155,7 +155,7 @@ def test_non_event_records_are_dead_lettered_and_the_key_folds_right(kafka_confi
 def test_a_table_poisoned_before_the_fix_serves_and_folds_only_events() -> None:
     """A processor table written before non-events were refused (format 1: the key's records,
     concatenated) may hold one as a key's first record: reading it skips it, so the folded effect
-    (what the lookup hands out, and what is written back in format 2) holds only the event."""
+    (what the lookup hands out, and what is written back in format 4) holds only the event."""
     codec = default_codec()
     key = "payments:old-poison"
     poison = codec.encode(wrong_records(key)["UncertainEffect"])

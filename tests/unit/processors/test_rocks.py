@@ -14,7 +14,7 @@ import pytest
 import rocksdict
 from faust.stores import rocksdb as faust_rocksdb
 
-from effect_ledger.processors import rocks
+from effect_ledger.processors import memory_store, rocks
 from tests.services import wait_for
 
 
@@ -49,7 +49,8 @@ def _cache_usage(*dbs: rocksdict.Rdict) -> list[int]:
 def test_faust_finds_the_store_through_its_entry_point() -> None:
     assert faust.stores.by_url(f"{rocks.SCHEME}://") is rocks.Store
     assert rocks.store_url("rocksdb://") == f"{rocks.SCHEME}://"
-    assert rocks.store_url("memory://") == "memory://"
+    assert rocks.store_url("memory://") == f"{memory_store.SCHEME}://"
+    assert faust.stores.by_url(f"{memory_store.SCHEME}://") is memory_store.Store
 
 
 def test_a_workers_table_opens_its_partitions_with_the_bounded_options(tmp_path: Path, fresh_cache: None) -> None:

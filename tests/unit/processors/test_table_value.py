@@ -29,7 +29,8 @@ from effect_ledger.core.model import (
     State,
     Verdict,
 )
-from effect_ledger.processors import table_value
+from effect_ledger.core.retention import Retired
+from effect_ledger.processors import retirement, table_value
 from effect_ledger.processors.table_value import TableValueTooLarge, decode, encode, slim
 from effect_ledger.streams.codec import default_codec
 from tests.unit.core.test_effect_properties import histories
@@ -206,7 +207,8 @@ def reference_encode(effect: Effect, due_ms: int | None) -> bytes:
     )
     blobs = [text.encode("utf-8", "surrogatepass") for text in w.blobs]
     counted = b"".join(struct.pack(">I", len(b)) + b for b in blobs)
-    return struct.pack(">BqI", table_value.FORMAT, -1 if due_ms is None else due_ms, len(blobs)) + counted + skeleton
+    header = struct.pack(">BqII", table_value.FORMAT, -1 if due_ms is None else due_ms, effect.version, len(blobs))
+    return header + counted + skeleton
 
 
 TEXTS = st.sampled_from(["{}", '{"a":"é\\u2028"}', "x" * (table_value.BLOB_BYTES - 1), "y" * table_value.BLOB_BYTES,
@@ -302,10 +304,52 @@ def _written_before_effect() -> Effect:
     return e
 
 
-def test_a_value_written_before_decodes_and_is_written_the_same() -> None:
+def _as_format_4(value: bytes, version: int) -> bytes:
+    """A format-2 value as format 4: the version between the header and the body."""
+    return bytes([table_value.FORMAT]) + value[1:9] + struct.pack(">I", version) + value[9:]
+
+
+def test_a_value_written_before_decodes_and_is_written_the_same_with_its_version() -> None:
+    """A format-2 value (no version) an earlier release wrote reads as the same effect; written
+    again it is format 4: the same header and body, the effect's version between them."""
     e = _written_before_effect()
+    assert WRITTEN_BEFORE[0] == table_value.UNVERSIONED_FORMAT
     assert decode(WRITTEN_BEFORE, CODEC.decode) == e
-    assert encode(e, 1234) == WRITTEN_BEFORE
+    again = encode(e, 1234)
+    assert again == _as_format_4(WRITTEN_BEFORE, e.version)
+    assert table_value.version_of(again) == e.version == 4
+    assert table_value.version_of(WRITTEN_BEFORE) is None
+    assert table_value.due_of_value(again) == table_value.due_of_value(WRITTEN_BEFORE) == 1234
+
+
+def test_keeps_row_by_row() -> None:
+    """Which value a store keeps when a changelog record arrives after the one it holds: the held
+    one only when both carry a version and the record's is lower; a retired key's marker outranks
+    every effect value."""
+    e = _written_before_effect()
+    v4 = encode(e, None)
+    first, _ = apply(None, intent(1, "{}"), T)
+    v1 = encode(first, None)
+    marker = retirement.marker_value(Retired.of(e, T + 100))
+    rows = [
+        # held, incoming, kept
+        (v4, v1, True),  # a late record: fewer facts than the value held
+        (v1, v4, False),  # the log's order: newer arrives later
+        (v4, v4, False),  # the same version: the same set of facts, taken as faust does
+        (None, v1, False),  # nothing held
+        (v4, None, False),  # a tombstone is applied
+        (WRITTEN_BEFORE, v1, False),  # a held value without a version cannot be weighed
+        (v4, WRITTEN_BEFORE, False),  # nor an incoming one
+        (marker, v4, True),  # nothing brings a retired key back
+        (v4, marker, False),
+    ]
+    for held, incoming, kept in rows:
+        assert table_value.keeps(held, incoming) is kept, (
+            held[:1] if held else held,
+            incoming[:1] if incoming else None,
+        )
+    assert table_value.version_of(marker) == table_value.MARKER_RANK
+    assert table_value.version_of(b"\x04") is None  # too short to hold a header: not weighed
 
 
 @pytest.mark.parametrize("orjson", [True, False], ids=["orjson", "stdlib"])
@@ -313,7 +357,8 @@ def test_both_json_writers_write_the_same_bytes(orjson: bool, monkeypatch: pytes
     """Without orjson (an install without the [processor] extra) the stdlib writes the same value."""
     if not orjson:
         monkeypatch.setattr(table_value, "_dumps", None)
-    assert encode(_written_before_effect(), 1234) == WRITTEN_BEFORE
+    e = _written_before_effect()
+    assert encode(e, 1234) == _as_format_4(WRITTEN_BEFORE, e.version)
 
 
 @pytest.mark.parametrize("text", ["\ud800 lone surrogate", "ok"], ids=["lone surrogate", "plain"])

@@ -1,0 +1,110 @@
+"""Late changelog records: a value an old owner of a table partition wrote, landing after the new
+owner's.
+
+A worker writes a batch's table values to the changelog and waits for Kafka to acknowledge them
+(``batch_writer``). If it is paused or cut from the brokers while a batch is on its way, the group
+gives its partitions to another worker, which folds on and writes newer values of the same keys;
+the old batch is delivered when the worker wakes or the network heals, *after* the new owner's
+records. Whoever recovers the partition next reads the changelog in the log's order and, as faust
+does, would take the last record of a key: the old value, with facts the effect had long passed (a
+key a caller holds a receipt for, back to PENDING; timed out again; escalated).
+
+An effect is a function of the set of its facts and grows by one fact at a time, so of two values
+of one key, the one with the lower version folded less (``table_value.keeps``). Two parts:
+
+1. ``weigh``: the changelog records a store applies while it recovers, each weighed against the
+   value held (in the store, or earlier in the same batch). A record with a lower version is not
+   applied; its key is noted.
+2. ``LateRecords``: the keys noted, per partition, until the partition's owner writes the value it
+   holds again (``LedgerProcessor._write_kept_again``), so that the log's last record of the key is
+   the newest value again: a compacted changelog keeps only the last record of a key, and a worker
+   recovering the partition from an empty store would otherwise find the late value alone.
+
+Both stores (``rocks.Store``, ``memory_store.Store``) apply their recoveries through ``weigh``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from effect_ledger.processors import table_value
+
+log = logging.getLogger("effect_ledger.processor")
+
+#: Keys noted and not yet written again, over all partitions. Past it, further keys are counted and
+#: not noted: a recovery reading a stretch of the changelog that this worker's store already holds
+#: (``processor._persist_changelog_offset``) notes every key of it, and the count stays bounded.
+MAX_NOTED = 100_000
+
+
+class LateRecords:
+    """The keys, per table partition, whose changelog records were not applied because the value
+    held was newer; taken by the partition's owner, which writes the held values again."""
+
+    def __init__(self, limit: int = MAX_NOTED) -> None:
+        self._keys: dict[int, dict[bytes, int]] = {}  # partition -> key -> offset of the late record
+        self._limit = limit
+        self._noted = 0
+        self.kept = 0  # records not applied, since the worker started
+        self.dropped = 0  # of which, keys not noted (over the limit)
+
+    def __len__(self) -> int:
+        return self._noted
+
+    def note(self, partition: int, key: bytes, offset: int) -> None:
+        self.kept += 1
+        keys = self._keys.setdefault(partition, {})
+        if key in keys:
+            keys[key] = max(keys[key], offset)
+            return
+        if self._noted >= self._limit:
+            self.dropped += 1
+            return
+        keys[key] = offset
+        self._noted += 1
+
+    def take(self, partitions: Iterable[int]) -> dict[int, list[bytes]]:
+        """The keys noted in ``partitions`` (forgotten here): their owner writes them again."""
+        out: dict[int, list[bytes]] = {}
+        for p in partitions:
+            keys = self._keys.pop(p, None)
+            if keys:
+                out[p] = list(keys)
+                self._noted -= len(keys)
+        return out
+
+
+def weigh(
+    records: Iterable[tuple[int, Any, bytes | None, int]],
+    held: Callable[[int, Any], bytes | None],
+    late: LateRecords,
+    changelog: str = "",
+) -> dict[int, dict[Any, bytes | None]]:
+    """The writes a store makes for changelog ``records`` (partition, key, value or None for a
+    tombstone, offset; in the log's order): per partition, each key's last value that is not older
+    than the value held before it. ``held(partition, key)``: the store's value. A record not
+    applied is noted in ``late``, and logged once per partition and batch."""
+    writes: dict[int, dict[Any, bytes | None]] = {}
+    skipped: dict[int, tuple[int, int]] = {}  # partition -> (count, last offset)
+    for partition, key, value, offset in records:
+        pending = writes.setdefault(partition, {})
+        before = pending[key] if key in pending else held(partition, key)
+        if table_value.keeps(before, value):
+            late.note(partition, key if isinstance(key, bytes) else bytes(key), offset)
+            n, _ = skipped.get(partition, (0, offset))
+            skipped[partition] = (n + 1, offset)
+            continue
+        pending[key] = value
+    for partition, (n, offset) in sorted(skipped.items()):
+        log.warning(
+            "changelog %s partition %d: %d record(s) up to offset %d fold fewer facts than the value held (late "
+            "records of a previous owner, or records this store holds newer values of): not applied; the owner "
+            "writes the held values again",
+            changelog, partition, n, offset,
+        )  # fmt: skip
+    return writes
+
+
+__all__ = ["MAX_NOTED", "LateRecords", "weigh"]
