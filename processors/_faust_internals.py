@@ -601,6 +601,13 @@ def persist_changelog_offset(table: Any, partition: int, offset: int) -> None:
     table.data.set_persisted_offset(TP(table.changelog_topic.get_topic_name(), partition), offset)
 
 
+def persisted_changelog_offset(table: Any, partition: int) -> int | None:
+    """The last changelog offset of ``partition`` the store holds (what a recovery read to, or
+    ``persist_changelog_offset`` recorded); None for the memory store, which records none."""
+    offset = table.data.persisted_offset(TP(table.changelog_topic.get_topic_name(), partition))
+    return None if offset is None else int(offset)
+
+
 def peer_urls(app: faust.App) -> set[str]:
     """The web URLs of every worker of the group (this one included), as the assignor knows them."""
     return {str(u) for u in app.assignor._tps_url.values()}  # type: ignore[attr-defined]

@@ -14,6 +14,12 @@ can be acknowledged (faust commits only acknowledged offsets, after the batch re
 4. remember the last changelog offset per partition in the store (faust's "persisted offset": a
    restarted worker recovers the changelog from there).
 
+While the worker holds a partition it is the changelog's only rightful writer there, so its own
+records follow each other (and the end of the changelog it recovered, ``expect``). An offset
+between two of them is a record another writer put there: a batch a previous owner had in flight,
+delivered late (``late_records``). ``foreign`` lists those stretches, for the processor to read
+and answer.
+
 A crash anywhere in between loses nothing: the batch's events were not acknowledged, so they are
 delivered again and folded again; the fold ignores what it has seen and the writes repeat (a
 table value and a compacted state record written twice are the same record). A record Kafka
@@ -69,6 +75,11 @@ class BatchWriter:
         self._records: list[tuple[str, int, bytes, bytes | None, list[tuple[str, bytes]] | None]] = []
         self._errors: list[str] = []
         self._changelog_offsets: dict[int, int] = {}
+        # partition -> the offset this worker's next changelog record takes, if nobody else writes
+        self._expected: dict[int, int] = {}
+        # (partition, first, end): offsets first..end-1 of the changelog hold records another
+        # writer put between this worker's own
+        self.foreign: list[tuple[int, int, int]] = []
         # The wait for deliveries runs on a thread of its own: on the default executor it queued
         # behind whatever else of the worker blocks there (the lookups' high watermark questions to
         # a slow broker took all of its threads for seconds), and every lookup waits for the fold.
@@ -85,6 +96,15 @@ class BatchWriter:
                 headers: list[tuple[str, bytes]] | None = None) -> None:  # fmt: skip
         """An output record (in the order given)."""
         self._records.append((topic, partition, key, value, headers))
+
+    def expect(self, partition: int, offset: int) -> None:
+        """The changelog of ``partition`` ends before ``offset`` (a recovery read it to there): the
+        worker's next record there is expected at ``offset``."""
+        self._expected[partition] = offset
+
+    def forget_expected(self) -> None:
+        """The worker's partitions were revoked: another worker may write their changelog now."""
+        self._expected.clear()
 
     def discard(self) -> None:
         """Forget what was collected and not written yet (a batch given up before its writes)."""
@@ -157,6 +177,12 @@ class BatchWriter:
         p, off = msg.partition(), msg.offset()
         if off > self._changelog_offsets.get(p, -1):
             self._changelog_offsets[p] = off
+        # Delivery reports come in offset order per partition (one idempotent producer).
+        expected = self._expected.get(p)
+        if expected is not None and off > expected:
+            self.foreign.append((p, expected, off))
+        if expected is None or off >= expected:
+            self._expected[p] = off + 1
 
     def _on_output(self, err: Any, msg: Any) -> None:
         if err is not None:

@@ -21,11 +21,18 @@ of one key, the one with the lower version folded less (``table_value.keeps``). 
    recovering the partition from an empty store would otherwise find the late value alone.
 
 Both stores (``rocks.Store``, ``memory_store.Store``) apply their recoveries through ``weigh``.
+
+3. ``foreign_keys``: a late record that lands while the new owner holds the partition is not read
+   by it (a worker writes its changelog, it does not read it). It shows as a gap between the owner's
+   own offsets (``batch_writer``, ``foreign``); the owner reads the records in the gap and writes
+   its values of their keys again at once, so the late value is not the key's last record for
+   long, whether or not anyone recovers the partition before compaction.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -37,6 +44,11 @@ log = logging.getLogger("effect_ledger.processor")
 #: not noted: a recovery reading a stretch of the changelog that this worker's store already holds
 #: (``processor._persist_changelog_offset``) notes every key of it, and the count stays bounded.
 MAX_NOTED = 100_000
+
+#: At most this many records are read from the gaps after one batch, for at most this long: a late
+#: batch is one batch (the fold writer's records of one flush), and the fold waits for the read.
+MAX_FOREIGN_RECORDS = 20_000
+FOREIGN_READ_S = 10.0
 
 
 class LateRecords:
@@ -107,4 +119,42 @@ def weigh(
     return writes
 
 
-__all__ = ["MAX_NOTED", "LateRecords", "weigh"]
+def foreign_keys(
+    consumer: Any,
+    topic: str,
+    gaps: list[tuple[int, int, int]],
+    limit: int = MAX_FOREIGN_RECORDS,
+    timeout_s: float = FOREIGN_READ_S,
+) -> tuple[list[tuple[int, bytes, int]], str | None]:
+    """The (partition, key, offset) of the records in ``gaps`` ((partition, first, end): offsets
+    first..end-1) of ``topic``, read with ``consumer`` (a confluent-kafka ``Consumer``, assigned
+    here, not subscribed), and why the read stopped short (None: every gap was read). Runs in a
+    thread: it blocks."""
+    from confluent_kafka import TopicPartition
+
+    found: list[tuple[int, bytes, int]] = []
+    end_by = time.monotonic() + timeout_s
+    for partition, first, end in gaps:
+        consumer.assign([TopicPartition(topic, partition, first)])
+        while True:
+            if len(found) >= limit:
+                return found, f"more than {limit} records"
+            if time.monotonic() > end_by:
+                return found, f"not read within {timeout_s:.0f} s"
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                if m.error().fatal() or not m.error().retriable():
+                    return found, str(m.error())
+                continue
+            if m.offset() >= end:  # compaction removed the rest of the gap: this is the owner's own
+                break
+            if m.key() is not None:
+                found.append((partition, bytes(m.key()), m.offset()))
+            if m.offset() >= end - 1:
+                break
+    return found, None
+
+
+__all__ = ["FOREIGN_READ_S", "MAX_FOREIGN_RECORDS", "MAX_NOTED", "LateRecords", "foreign_keys", "weigh"]

@@ -94,7 +94,7 @@ from effect_ledger.metrics import logs
 from effect_ledger.metrics.effects import EffectWatch
 from effect_ledger.metrics.logs import DEFAULT_SUMMARY_S, Summary
 from effect_ledger.processors import _faust_internals as faust_internals
-from effect_ledger.processors import native_memory, retirement, rocks, table_value
+from effect_ledger.processors import late_records, native_memory, retirement, rocks, table_value
 from effect_ledger.processors.batch import fold_key, group_by_key
 from effect_ledger.processors.batch_writer import CLIENT_ID as FOLD_CLIENT_ID
 from effect_ledger.processors.batch_writer import BatchWriter
@@ -275,6 +275,7 @@ class LedgerProcessor:
         # (9 µs a write at 10,000 keys, not 0.7).
         self._cache: OrderedDict[str, tuple[bytes, Effect, bytes]] = OrderedDict()
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
+        self._changelog_reader: Any = None  # reads what another writer put in the changelog (late_records)
         self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
         # The lookups ask the broker for high watermarks through a client of their own: faust's
         # consumer runs its requests one after another in its thread, where a lookup's question
@@ -525,6 +526,9 @@ class LedgerProcessor:
     async def _stopping(self) -> None:
         self.summary.emit()  # what it counted since the last summary, before it goes
         await self.handover.stop()
+        if self._changelog_reader is not None:
+            await asyncio.to_thread(self._changelog_reader.close)
+            self._changelog_reader = None
 
     def _say_partitions(self, name: str, verb: str, tps: Any) -> None:
         """One line per rebalance: the events partitions this worker was given or lost."""
@@ -540,6 +544,8 @@ class LedgerProcessor:
         """Partitions were revoked: what this worker holds about them is no longer the table."""
         self.index.forget()
         self._cache.clear()  # another worker may write these keys now
+        if self._out is not None:
+            self._out.forget_expected()
 
     # -- the fold --------------------------------------------------------------------------
 
@@ -605,6 +611,43 @@ class LedgerProcessor:
         if not await self.handover.confirmed():
             self.out.discard()
             raise LetGo("the batch's partitions are being let go before its writes")
+        await self.out.flush()
+        if self.out.foreign:
+            await self._answer_foreign()
+
+    async def _answer_foreign(self) -> None:
+        """Another writer's records landed in the changelog between this worker's own, in partitions
+        it holds (``batch_writer``): a previous owner's late batch. Their keys' values, as this
+        worker holds them, are written again at once, so that the late values are not the keys'
+        last records (``late_records``)."""
+        gaps, self.out.foreign = self.out.foreign, []
+        late = getattr(self.table.data, "late", None)
+        if late is None:
+            return
+        if self._changelog_reader is None:
+            from confluent_kafka import Consumer
+
+            self._changelog_reader = Consumer(
+                self.s.kafka.confluent(**{"group.id": self.s.full_app_id, "enable.auto.commit": False})
+            )
+        topic = self.table.changelog_topic.get_topic_name()
+        found, short = await asyncio.to_thread(late_records.foreign_keys, self._changelog_reader, topic, gaps)
+        for part, tkey, offset in found:
+            late.note(part, tkey, offset)
+        for part, first, end in gaps:
+            log.warning(
+                "changelog partition %d: offsets %d-%d were written by another worker between this worker's own "
+                "records (a previous owner's batch, delivered late): the values of their keys are written again",
+                part, first, end - 1,
+            )  # fmt: skip
+        if short is not None:
+            log.error("changelog: the records another worker wrote were not all read (%s)", short)
+        self._write_kept_again()
+        if len(self.out) == 0:
+            return
+        if not await self.handover.confirmed():
+            self.out.discard()
+            return
         await self.out.flush()
 
     async def _until_next_batch(self, timeout_s: float) -> None:
@@ -925,6 +968,13 @@ class LedgerProcessor:
             self.processed[p] = self.folded_through(p)
             self.processed_decisions[p] = self.folded_through(p, self.decisions.get_topic_name())
         log.info("deadline index rebuilt: %d open effects on partitions %s", len(self.index), sorted(assigned))
+        # The changelog as recovered: this worker's next record of each partition is expected just
+        # after it (another writer's record before it is a late one: ``_answer_foreign``). Without a
+        # recorded offset (the memory store; an empty changelog), from its first record on.
+        for p in assigned:
+            held = faust_internals.persisted_changelog_offset(self.table, p)
+            if held is not None:
+                self.out.expect(p, held + 1)
 
     def folded_through(self, partition: int, topic: str | None = None) -> int:
         """The last offset of ``effects.events[partition]`` (or of ``topic``: effects.decisions)

@@ -17,9 +17,11 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from effect_ledger.core.effect import fold
+from effect_ledger.core.model import State
 from effect_ledger.processors import table_value
 from effect_ledger.streams.acl import WORKER_APP_ID
 from effect_ledger.streams.config import KafkaConfig
+from effect_ledger.streams.partition import partition_for
 from tests.faults._flow import answered, committed_through_end, key_events, now_ms
 from tests.services import Processor, wait_for
 from tests.topic_io import RawProducer, running
@@ -55,6 +57,11 @@ def _records(cfg: KafkaConfig, key: str) -> list[tuple[int, int, bytes, bytes]]:
         return out
     finally:
         c.close()
+
+
+def _confirmed(value: bytes) -> bool:
+    effect = table_value.decode(value, lambda _: None)
+    return effect is not None and effect.state is State.CONFIRMED
 
 
 def test_a_recovery_keeps_the_newer_value_over_an_old_owners_late_record(
@@ -104,3 +111,48 @@ def test_a_recovery_keeps_the_newer_value_over_an_old_owners_late_record(
 
         wait_for(rewritten, WAIT, "the worker to write the kept value again after the late record")
         assert "fold fewer facts than the value held" in second.log()
+
+
+def test_the_owner_answers_a_late_record_that_lands_while_it_holds_the_partition(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    """The late record lands while the worker holds the partition: it never reads its own changelog,
+    so only its own offsets show it (``batch_writer``, ``foreign``). Its next record in that
+    partition comes after a gap; it reads the record in the gap and writes the key's value again at
+    once. Before, the late value stayed the key's last record until a recovery of the partition
+    weighed it, and compaction could leave it alone first."""
+    cfg = kafka_config
+    key = "payments:late-while-held"
+    events = key_events(key, "confirmed", now_ms())
+    producer = RawProducer(cfg)
+    for ev in events:
+        producer.event(ev)
+    producer.flush()
+    assert not producer.errors, producer.errors
+
+    worker = Processor(cfg, tmp_path / "data")
+    with running(worker):
+        worker.wait_ready()
+        wait_for(lambda: answered(worker, key, "CONFIRMED"), WAIT, "the key folded CONFIRMED")
+        wait_for(lambda: _confirmed(_records(cfg, key)[-1][3]), WAIT, "the key's CONFIRMED changelog record")
+        partition, _, record_key, newest = _records(cfg, key)[-1]
+        stale = fold(events[:1])
+        assert stale is not None
+        late = Producer(cfg.confluent())
+        late.produce(_changelog(cfg), table_value.encode(stale, None), record_key, partition=partition)
+        assert late.flush(30) == 0
+        assert _records(cfg, key)[-1][3] != newest
+        # A new key in the same partition: the worker's next changelog record there.
+        beside = next(
+            k for i in range(1000) if partition_for((k := f"payments:beside-{i}").encode(), cfg.partitions) == partition
+        )
+        producer.event(key_events(beside, "pending", now_ms())[0])
+        producer.flush()
+
+        def rewritten() -> bool:
+            last = _records(cfg, key)[-1]
+            return last[3] == newest
+
+        wait_for(rewritten, WAIT, "the worker to write the key's value again after the late record")
+        assert "were written by another worker between this worker's own records" in worker.log()
+        assert answered(worker, key, "CONFIRMED")

@@ -115,3 +115,51 @@ def test_the_wait_for_deliveries_does_not_queue_behind_the_default_executor(
     assert _read_all(cfg, cfg.topics.state, 0, 1) == [(b"k", b"v")]
     w.close()
     db.close()
+
+
+def test_another_writers_records_between_the_workers_own_are_found_and_read(
+    kafka_config: KafkaConfig, tmp_path: Path
+) -> None:
+    """The worker holds partition 0 of the changelog from offset 1 on (``expect``): its own records
+    follow each other; two records another producer puts between them (a previous owner's late
+    batch) show as one stretch in ``foreign``, and ``late_records.foreign_keys`` reads their keys.
+    After the partitions are revoked (``forget_expected``), nothing is expected."""
+    from effect_ledger.processors.late_records import foreign_keys
+
+    cfg = kafka_config
+    changelog = f"{cfg.prefix}gap-changelog"
+    admin = AdminClient(cfg.confluent())
+    for f in admin.create_topics([NewTopic(changelog, num_partitions=2, replication_factor=1)]).values():
+        f.result(30)
+    other = Producer(producer_config(cfg))
+    other.produce(changelog, b"recovered", b'"k0"', partition=0)  # offset 0: what a recovery read
+    assert other.flush(30) == 0
+    db = rocksdict.Rdict(str(tmp_path / "p0"), options=rocksdict.Options(raw_mode=True))
+    w = BatchWriter(Producer(producer_config(cfg)), changelog, lambda p: db,
+                    lambda: rocksdict.WriteBatch(raw_mode=True), lambda p, off: None)  # fmt: skip
+    w.expect(0, 1)
+    w.put(0, b'"k1"', b"own-1")  # offset 1
+    asyncio.run(w.flush())
+    assert w.foreign == []
+    for key in (b'"late-a"', b'"late-b"'):  # offsets 2 and 3
+        other.produce(changelog, b"late", key, partition=0)
+    assert other.flush(30) == 0
+    w.put(0, b'"k2"', b"own-2")  # offset 4
+    w.put(1, b'"k3"', b"own-3")  # partition 1: nothing expected there before this record
+    asyncio.run(w.flush())
+    assert w.foreign == [(0, 2, 4)]
+    reader = Consumer(cfg.confluent(**{"group.id": f"{cfg.prefix}gap-reader", "enable.auto.commit": False}))
+    try:
+        assert foreign_keys(reader, changelog, w.foreign) == ([(0, b'"late-a"', 2), (0, b'"late-b"', 3)], None)
+        assert foreign_keys(reader, changelog, w.foreign, limit=1) == ([(0, b'"late-a"', 2)], "more than 1 records")
+    finally:
+        reader.close()
+    w.foreign = []
+    w.forget_expected()
+    other.produce(changelog, b"next-owner", b'"k4"', partition=0)  # offset 5: the partition's next owner
+    assert other.flush(30) == 0
+    w.put(0, b'"k5"', b"own-5")  # offset 6, held again: from here on
+    asyncio.run(w.flush())
+    assert w.foreign == []
+    w.close()
+    db.close()

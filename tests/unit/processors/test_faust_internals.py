@@ -170,6 +170,10 @@ def test_persist_changelog_offset_is_what_recovery_reads(tmp_path: Path) -> None
         faust_internals.persist_changelog_offset(table, 3, 41)
         tp = TP(table.changelog_topic.get_topic_name(), 3)
         assert table.data.persisted_offset(tp) == 41
+        assert faust_internals.persisted_changelog_offset(table, 3) == 41
+        assert faust_internals.persisted_changelog_offset(table, 2) is None
+        memory_table: Any = _table(tmp_path / "mem", "memory://")
+        assert faust_internals.persisted_changelog_offset(memory_table, 3) is None
 
     asyncio.run(check())
 
