@@ -18,7 +18,7 @@ While the worker holds a partition it is the changelog's only rightful writer th
 records follow each other (and the end of the changelog it recovered, ``expect``). An offset
 between two of them is a record another writer put there: a batch a previous owner had in flight,
 delivered late (``late_records``). ``foreign`` lists those stretches, for the processor to read
-and answer.
+and answer; until it has, the offset recorded as held in step 4 stays before them.
 
 A crash anywhere in between loses nothing: the batch's events were not acknowledged, so they are
 delivered again and folded again; the fold ignores what it has seen and the writes repeat (a
@@ -150,9 +150,13 @@ class BatchWriter:
             await loop.run_in_executor(self._waiter, self._producer.flush, _FLUSH_SLICE_S)
         if self._errors:
             raise OutputRefused(f"Kafka refused {len(self._errors)} record(s) of the batch: {self._errors[0]}")
-        # 4. where a restarted worker recovers the changelog from
+        # 4. where a restarted worker recovers the changelog from: not past another writer's records
+        #    not answered yet (``foreign``), so that a restart's recovery weighs them
+        before = {}
+        for partition, first, _ in self.foreign:
+            before[partition] = min(first - 1, before.get(partition, first - 1))
         for partition, offset in self._changelog_offsets.items():
-            self._persist_offset(partition, offset)
+            self._persist_offset(partition, min(offset, before.get(partition, offset)))
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Deliver what is still queued (nothing, after a flush) and let the producer go."""

@@ -22,6 +22,8 @@ class Store(faust_memory.Store):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.late = LateRecords()
+        # (held, incoming) -> their union's value: set by the processor (``late_records.weigh``)
+        self.merge: Callable[[bytes, bytes], bytes | None] | None = None
 
     def apply_changelog_batch(
         self, batch: Iterable[Any], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any]
@@ -32,7 +34,7 @@ class Store(faust_memory.Store):
             records.append((msg.partition, msg.key, msg.value, msg.offset))
             keys[msg.key] = to_key(event.key)
             topic = msg.topic
-        writes = weigh(records, lambda _p, raw: self.data.get(keys[raw]), self.late, topic)
+        writes = weigh(records, lambda _p, raw: self.data.get(keys[raw]), self.late, topic, self.merge)
         for partition, values in writes.items():
             for raw, value in values.items():
                 key = keys[raw]

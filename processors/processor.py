@@ -75,6 +75,7 @@ from faust.web import Request, Response, View
 
 from effect_ledger.core.deadlines import MAX_CLOCK_AHEAD_MS
 from effect_ledger.core.effect import Effect, expire, to_state, uncertain_event
+from effect_ledger.core.effect import merge as merge_effects
 from effect_ledger.core.model import (
     Claimed,
     Decision,
@@ -255,6 +256,11 @@ class LedgerProcessor:
             # the topics (min.insync.replicas, no unclean election).
             extra_topic_configs={**LOG_TIME, **SAFE_ELECTION, "min.insync.replicas": str(k.min_insync)},
         )
+        # A recovery merges a changelog record with the value held when each holds facts the other
+        # lacks (``late_records``): the union is decoded, folded and encoded here.
+        store = self.table.data
+        if hasattr(store, "late"):
+            store.merge = self._merge_values
         self.index = DeadlineIndex(grace_ms=settings.grace_ms)
         # The log's time (its records' LogAppendTime, plus this process's monotonic clock since): what
         # deadlines are decided on here, never this host's wall clock (streams/log_clock.py).
@@ -276,6 +282,8 @@ class LedgerProcessor:
         self._cache: OrderedDict[str, tuple[bytes, Effect, bytes]] = OrderedDict()
         self._out: BatchWriter | None = None  # made on first use, in the worker's process
         self._changelog_reader: Any = None  # reads what another writer put in the changelog (late_records)
+        self._reading = asyncio.Lock()  # the reader is used by one read at a time, and closed after it
+        self._stopped = False
         self._read: Callable[[int, bytes], bytes | None] | None = None  # the same
         # The lookups ask the broker for high watermarks through a client of their own: faust's
         # consumer runs its requests one after another in its thread, where a lookup's question
@@ -526,9 +534,11 @@ class LedgerProcessor:
     async def _stopping(self) -> None:
         self.summary.emit()  # what it counted since the last summary, before it goes
         await self.handover.stop()
-        if self._changelog_reader is not None:
-            await asyncio.to_thread(self._changelog_reader.close)
-            self._changelog_reader = None
+        async with self._reading:
+            self._stopped = True
+            if self._changelog_reader is not None:
+                await asyncio.to_thread(self._changelog_reader.close)
+                self._changelog_reader = None
 
     def _say_partitions(self, name: str, verb: str, tps: Any) -> None:
         """One line per rebalance: the events partitions this worker was given or lost."""
@@ -557,7 +567,14 @@ class LedgerProcessor:
 
     async def _fold_batch(self, batch: list[Any]) -> None:
         self._batch_epoch = self.membership.epoch  # the membership the batch is folded under
-        self._write_kept_again()
+        taken = self._write_kept_again()
+        try:
+            await self._fold_events(batch)
+        except BaseException:
+            self._not_written(taken)
+            raise
+
+    async def _fold_events(self, batch: list[Any]) -> None:
         decisions_topic = self.decisions.get_topic_name()
         items: list[tuple[str, Any, Event]] = []
         done: dict[tuple[bool, int], int] = {}
@@ -588,21 +605,45 @@ class LedgerProcessor:
         self._batch_done.set()
         self._batch_done = asyncio.Event()
 
-    def _write_kept_again(self) -> None:
-        """Put in the batch the table values a recovery of this worker kept over a late changelog
-        record (``late_records``), in the partitions it owns: written again, they are the last
-        record of their key in the changelog, which compaction keeps. What the table holds now is
-        written (a fold since the recovery may have changed it); the batch's own folds of the same
-        keys come after and replace it."""
+    def _write_kept_again(self) -> dict[int, list[bytes]]:
+        """Put in the batch the table values a recovery of this worker kept over (or merged with) a
+        late changelog record (``late_records``), in the partitions it owns, at most
+        ``MAX_REWRITE`` a batch: written again, they are the last record of their key in the
+        changelog, which compaction keeps. What the table holds now is written (a fold since the
+        recovery may have changed it); the batch's own folds of the same keys come after and replace
+        it. Returns the keys taken, noted again by the caller if the batch is not written."""
         late = getattr(self.table.data, "late", None)
         if late is None or len(late) == 0:
-            return
-        for part, keys in late.take(self.index.assigned or ()).items():
+            return {}
+        taken = late.take(self.index.assigned or ())
+        for part, keys in taken.items():
             for tkey in keys:
                 value = self.read_table(part, tkey)
                 if value is not None:
                     self.out.put(part, tkey, value)
             log.info("changelog partition %d: %d value(s) kept over late records written again", part, len(keys))
+        return taken
+
+    def _merge_values(self, held: bytes, incoming: bytes) -> bytes | None:
+        """The table value of the union of two values' facts (``core.effect.merge``), or None when
+        either cannot be read or the union would be over the table value's limit (the record is then
+        applied as faust would)."""
+        try:
+            a = table_value.decode(held, self.codec.decode)
+            b = table_value.decode(incoming, self.codec.decode)
+            if a is None or b is None:
+                return None
+            union = merge_effects(a, b)
+            return table_value.encode(union, due_of(union, self.s.targets, self.s.first_check_ms))
+        except Exception as e:
+            log.error("changelog: two values of one key could not be merged (%s: %s)", type(e).__name__, e)
+            return None
+
+    def _not_written(self, taken: dict[int, list[bytes]]) -> None:
+        """The batch carrying ``taken`` (``_write_kept_again``) was not written: noted again."""
+        late = getattr(self.table.data, "late", None)
+        if late is not None and taken:
+            late.again(taken)
 
     async def _write(self) -> None:
         """Write what the batch collected, once the worker still knows itself a member: it may have
@@ -619,19 +660,34 @@ class LedgerProcessor:
         """Another writer's records landed in the changelog between this worker's own, in partitions
         it holds (``batch_writer``): a previous owner's late batch. Their keys' values, as this
         worker holds them, are written again at once, so that the late values are not the keys'
-        last records (``late_records``)."""
-        gaps, self.out.foreign = self.out.foreign, []
+        last records (``late_records``). A read that fails is tried again after the next batch (the
+        stretches stay in ``foreign``; until then the changelog offset recorded as held stays
+        before them, so that a restart's recovery weighs them)."""
         late = getattr(self.table.data, "late", None)
         if late is None:
+            self.out.foreign = []
             return
-        if self._changelog_reader is None:
-            from confluent_kafka import Consumer
-
-            self._changelog_reader = Consumer(
-                self.s.kafka.confluent(**{"group.id": self.s.full_app_id, "enable.auto.commit": False})
-            )
+        gaps = list(self.out.foreign)
         topic = self.table.changelog_topic.get_topic_name()
-        found, short = await asyncio.to_thread(late_records.foreign_keys, self._changelog_reader, topic, gaps)
+        try:
+            async with self._reading:
+                if self._stopped:
+                    return
+                if self._changelog_reader is None:
+                    from confluent_kafka import Consumer
+
+                    self._changelog_reader = Consumer(
+                        self.s.kafka.confluent(**{"group.id": self.s.full_app_id, "enable.auto.commit": False})
+                    )
+                found, short = await asyncio.to_thread(late_records.foreign_keys, self._changelog_reader, topic, gaps)
+        except Exception as e:
+            log.error(
+                "changelog: the records another worker wrote between this worker's own could not be read (%s: %s): "
+                "tried again after the next batch",
+                type(e).__name__, e,
+            )  # fmt: skip
+            return
+        self.out.foreign = []
         for part, tkey, offset in found:
             late.note(part, tkey, offset)
         for part, first, end in gaps:
@@ -642,13 +698,18 @@ class LedgerProcessor:
             )  # fmt: skip
         if short is not None:
             log.error("changelog: the records another worker wrote were not all read (%s)", short)
-        self._write_kept_again()
+        taken = self._write_kept_again()
         if len(self.out) == 0:
             return
-        if not await self.handover.confirmed():
-            self.out.discard()
-            return
-        await self.out.flush()
+        try:
+            if not await self.handover.confirmed():
+                self.out.discard()
+                self._not_written(taken)
+                return
+            await self.out.flush()
+        except BaseException:
+            self._not_written(taken)
+            raise
 
     async def _until_next_batch(self, timeout_s: float) -> None:
         """Return once the next batch is folded, or after ``timeout_s``."""

@@ -130,6 +130,8 @@ class Store(faust_rocksdb.Store):
         super().__init__(*args, options={**opts, "driver": "rocksdict"}, **kwargs)
         self.rocksdb_options = BoundedOptions(**bounded, **dict(self.options or {}))
         self.late = LateRecords()
+        # (held, incoming) -> their union's value: set by the processor (``late_records.weigh``)
+        self.merge: Callable[[bytes, bytes], bytes | None] | None = None
 
     def apply_changelog_batch(
         self, batch: Iterable[Any], to_key: Callable[[Any], Any], to_value: Callable[[Any], Any]
@@ -145,7 +147,7 @@ class Store(faust_rocksdb.Store):
             offsets[tp] = max(msg.offset, offsets.get(tp, -1))
             records.append((msg.partition, msg.key, msg.value, msg.offset))
         topic = next(iter(offsets)).topic if offsets else ""
-        writes = weigh(records, lambda p, key: self._db_for_partition(p).get(key), self.late, topic)
+        writes = weigh(records, lambda p, key: self._db_for_partition(p).get(key), self.late, topic, self.merge)
         for partition, values in writes.items():
             wb = rocksdict.WriteBatch(raw_mode=True)
             for key, value in values.items():

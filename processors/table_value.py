@@ -4,8 +4,10 @@ Layout (format 4)::
 
     >B  format (4)
     >q  due_ms (-1: nothing due), read without decoding the rest when the deadline index is rebuilt
-    >I  the effect's version (how many facts it folds), read without decoding the rest when a
-        changelog record is weighed against the value held (``keeps``)
+    >I  how many facts of the events topic the effect folds (its intents, outcomes, receipts,
+    >I  resolutions and timeouts) and how many of the decisions topic (its decisions): read
+        without decoding the rest when a changelog record is weighed against the value held
+        (``compare``)
     >I  number of blobs, then each blob as >I length + UTF-8 bytes
     JSON of the folded ``Effect``, every string of BLOB_BYTES or more replaced by {"$": i}
 
@@ -25,17 +27,19 @@ or more is replaced by a short marker with its size and sha256 (a marker that ke
 event that would have made it so, instead of writing it (so the table's changelog, limited by
 Kafka's record size, never refuses a write, and a table rebuilt from it agrees with the fold).
 
-Formats 1 (the events of the key, concatenated) and 2 (format 4 without the version) are still
+Formats 1 (the events of the key, concatenated) and 2 (format 4 without the counts) are still
 read, so a table written by an earlier release is folded into format 4 the next time its key
 changes. Format 3 is a retired key's marker (``retirement``).
 
-Why the version is in the header: the table's changelog is written by whichever worker owns the
+Why the counts are in the header: the table's changelog is written by whichever worker owns the
 partition, and a batch an old owner had in flight when it was paused or cut off can be
 acknowledged after the new owner's records (a late record). Read in the log's order, the late
-record would replace the newer value it lands after. The effect is a function of the set of its
-facts and grows by one fact at a time, so of two values of one key, the one folding fewer facts is
-older: a store recovering the changelog keeps the value held when a record arrives with a lower
-version (``keeps``), and the owner writes that value again (``processors/late_records.py``).
+record would replace the newer value it lands after. Every owner folds a key's events in the
+order of its partition, each topic's in turn, so a value folding n facts of a topic holds that
+topic's first n facts of the key: of two values, one holding at least as many of each topic's
+facts holds every fact of the other. A store recovering the changelog keeps the value held over a
+record it holds every fact of, and merges the two when each holds facts the other lacks
+(``compare``; ``processors/late_records.py``).
 """
 
 from __future__ import annotations
@@ -57,14 +61,23 @@ from effect_ledger.core import effect as effect_mod
 from effect_ledger.core import model as model_mod
 from effect_ledger.core.effect import Effect, apply
 from effect_ledger.core.limits import MAX_TABLE_VALUE_BYTES
-from effect_ledger.core.model import INEXACT, INEXACT_PREFIX, Intent, Receipt, Resolution, is_event
+from effect_ledger.core.model import (
+    INEXACT,
+    INEXACT_PREFIX,
+    Claimed,
+    Decision,
+    Intent,
+    Receipt,
+    Resolution,
+    is_event,
+)
 
 FORMAT = 4
 UNVERSIONED_FORMAT = 2  # format 4 without the version: written by earlier releases, still read
 LEGACY_FORMAT = 1
 MARKER_FORMAT = 3  # a retired key's marker (``retirement``): it outranks any effect value
 _HEADER = struct.Struct(">Bq")  # format, due_ms (-1: nothing due)
-_VERSION = struct.Struct(">I")  # format 4: after the header
+_COUNTS = struct.Struct(">II")  # format 4, after the header: facts of the events topic, of the decisions topic
 _COUNT = struct.Struct(">I")
 BLOB_BYTES = 512  # strings this long or longer are stored as blobs (deduplicated, unescaped)
 ELIDE_OVER = 1024  # payloads the fold does not read are replaced by a marker from this size on
@@ -353,7 +366,7 @@ def encode(effect: Effect, due_ms: int | None) -> bytes:
     blobs = w.blobs
     parts = [
         _HEADER.pack(FORMAT, -1 if due_ms is None else due_ms),
-        _VERSION.pack(effect.version),
+        _COUNTS.pack(*counts(effect)),
         _COUNT.pack(len(blobs)),
     ]
     for text in blobs:  # dicts keep insertion order: index i is the i-th blob
@@ -372,33 +385,55 @@ def due_of_value(value: bytes) -> int | None:
     return None if due < 0 else int(due)
 
 
-def version_of(value: bytes | None) -> int | None:
-    """How far a table value has folded, from its header alone: the effect's version (format 4);
-    ``MARKER_RANK`` for a retired key's marker (nothing brings a retired key back); None for no
-    value, a tombstone, or a value of an earlier format (whose version is not known without
-    decoding)."""
+def counts(effect: Effect) -> tuple[int, int]:
+    """How many facts ``effect`` folds from the events topic and from the decisions topic (its
+    decisions). Claim verdicts are not counted: the fold derives them from the others."""
+    decisions = claims = 0
+    for f in effect.facts:
+        if type(f) is Decision:
+            decisions += 1
+        elif type(f) is Claimed:
+            claims += 1
+    return len(effect.facts) - decisions - claims, decisions
+
+
+#: A retired key's marker holds more than any effect value (whose counts are ``>I``).
+MARKER_COUNTS = (1 << 32, 1 << 32)
+
+
+def counts_of(value: bytes | None) -> tuple[int, int] | None:
+    """A table value's counts (``counts``), from its header alone: ``MARKER_COUNTS`` for a retired
+    key's marker (nothing brings a retired key back); None for no value, a tombstone, or a value of
+    an earlier format (whose facts are not known without decoding)."""
     if value is None or len(value) < _HEADER.size:
         return None
-    if value[0] == FORMAT and len(value) >= _HEADER.size + _VERSION.size:
-        return int(_VERSION.unpack_from(value, _HEADER.size)[0])
+    if value[0] == FORMAT and len(value) >= _HEADER.size + _COUNTS.size:
+        n_events, n_decisions = _COUNTS.unpack_from(value, _HEADER.size)
+        return int(n_events), int(n_decisions)
     if value[0] == MARKER_FORMAT:
-        return MARKER_RANK
+        return MARKER_COUNTS
     return None
 
 
-#: A retired key's marker ranks above every effect value (whose version is a ``>I``).
-MARKER_RANK = 1 << 32
+APPLY, KEEP, MERGE = "apply", "keep", "merge"
 
 
-def keeps(held: bytes | None, incoming: bytes | None) -> bool:
-    """Whether a store holding ``held`` keeps it when the changelog brings ``incoming`` later in
-    the log: only when both carry a version and ``incoming``'s is lower (a late record of an old
-    owner; the module docstring). Anything else is taken in the log's order, as faust does: an
-    equal version is the same set of facts, and a value without a version cannot be weighed."""
+def compare(held: bytes | None, incoming: bytes | None) -> str:
+    """What a store holding ``held`` does with ``incoming``, a changelog record later in the log:
+    ``KEEP`` the value held when it holds every fact of ``incoming`` and more (a late record of an
+    old owner; the module docstring); ``MERGE`` the two when each holds facts the other lacks;
+    ``APPLY`` ``incoming`` otherwise, as faust does: it holds every fact of the value held, or is
+    a tombstone, or a value without counts (which cannot be weighed)."""
     if held is None or incoming is None:
-        return False
-    h, i = version_of(held), version_of(incoming)
-    return h is not None and i is not None and i < h
+        return APPLY
+    h, i = counts_of(held), counts_of(incoming)
+    if h is None or i is None or i == h:
+        return APPLY
+    if i[0] <= h[0] and i[1] <= h[1]:
+        return KEEP
+    if i[0] >= h[0] and i[1] >= h[1]:
+        return APPLY
+    return MERGE
 
 
 def decode(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
@@ -407,7 +442,7 @@ def decode(value: bytes, decode_event: Callable[[bytes], Any]) -> Effect | None:
     if fmt == LEGACY_FORMAT:
         return _decode_legacy(value, decode_event)
     if fmt == FORMAT:
-        pos = _HEADER.size + _VERSION.size
+        pos = _HEADER.size + _COUNTS.size
     elif fmt == UNVERSIONED_FORMAT:
         pos = _HEADER.size
     else:

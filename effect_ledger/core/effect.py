@@ -228,6 +228,23 @@ def begin(intent: Intent) -> Effect:
     )
 
 
+def merge(a: Effect, b: Effect) -> Effect:
+    """The effect of the union of two effects' facts: two values of one key that writers folded
+    from different parts of its history, neither holding every fact of the other (the processor's
+    table, ``processors/late_records.py``). The state is a function of the set of facts, so the
+    union is what folding every fact of both gives. Where both know a fact, ``a``'s log time of it
+    is kept."""
+    if a.effect_id != b.effect_id:
+        raise ValueError(f"effect {b.effect_id!r} merged into effect {a.effect_id!r}")
+    known = {f.event_id for f in a.facts}
+    new = [f for f in b.facts if f.event_id not in known]
+    if not new:
+        return a
+    facts = sorted((*a.facts, *new), key=_sort_key)
+    logged = tuple(sorted({**dict(b.logged), **dict(a.logged)}.items()))
+    return _derive(a.effect_id, tuple(facts), logged)
+
+
 def absorb(effect: Effect | None, events: Sequence[Event]) -> tuple[Effect | None, list[Event]]:
     """Fold several events at once: the effect ``fold(events, effect)`` gives, derived once instead
     of once per event (the state is a function of the set of facts, so the order of folding does not

@@ -135,8 +135,9 @@ def test_another_writers_records_between_the_workers_own_are_found_and_read(
     other.produce(changelog, b"recovered", b'"k0"', partition=0)  # offset 0: what a recovery read
     assert other.flush(30) == 0
     db = rocksdict.Rdict(str(tmp_path / "p0"), options=rocksdict.Options(raw_mode=True))
+    persisted: dict[int, int] = {}
     w = BatchWriter(Producer(producer_config(cfg)), changelog, lambda p: db,
-                    lambda: rocksdict.WriteBatch(raw_mode=True), lambda p, off: None)  # fmt: skip
+                    lambda: rocksdict.WriteBatch(raw_mode=True), persisted.__setitem__)  # fmt: skip
     w.expect(0, 1)
     w.put(0, b'"k1"', b"own-1")  # offset 1
     asyncio.run(w.flush())
@@ -148,17 +149,22 @@ def test_another_writers_records_between_the_workers_own_are_found_and_read(
     w.put(1, b'"k3"', b"own-3")  # partition 1: nothing expected there before this record
     asyncio.run(w.flush())
     assert w.foreign == [(0, 2, 4)]
+    # Until the stretch is answered, a restart must recover it: recorded as held up to before it.
+    assert persisted == {0: 1, 1: 0}
     reader = Consumer(cfg.confluent(**{"group.id": f"{cfg.prefix}gap-reader", "enable.auto.commit": False}))
     try:
         assert foreign_keys(reader, changelog, w.foreign) == ([(0, b'"late-a"', 2), (0, b'"late-b"', 3)], None)
         assert foreign_keys(reader, changelog, w.foreign, limit=1) == ([(0, b'"late-a"', 2)], "more than 1 records")
     finally:
         reader.close()
-    w.foreign = []
+    w.foreign = []  # answered
+    w.put(0, b'"k2"', b"own-2 again")  # offset 5
+    asyncio.run(w.flush())
+    assert w.foreign == [] and persisted[0] == 5
     w.forget_expected()
-    other.produce(changelog, b"next-owner", b'"k4"', partition=0)  # offset 5: the partition's next owner
+    other.produce(changelog, b"next-owner", b'"k4"', partition=0)  # offset 6: the partition's next owner
     assert other.flush(30) == 0
-    w.put(0, b'"k5"', b"own-5")  # offset 6, held again: from here on
+    w.put(0, b'"k5"', b"own-5")  # offset 7, held again: from here on
     asyncio.run(w.flush())
     assert w.foreign == []
     w.close()

@@ -20,7 +20,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from effect_ledger.core.effect import Effect, absorb, apply, expire, fold, timeout_event_id, to_state
+from effect_ledger.core.effect import Effect, absorb, apply, expire, fold, merge, timeout_event_id, to_state
 from effect_ledger.core.model import (
     Decision,
     DecisionKind,
@@ -351,6 +351,20 @@ def test_absorbing_several_events_at_once_is_the_fold(events: list[Event], data:
     assert after == fold(rest, before)
     held = {f.event_id for f in before.facts} if before is not None else set()
     assert [e.event_id for e in new] == list(dict.fromkeys(e.event_id for e in rest if e.event_id not in held))
+
+
+@SETTINGS
+@given(events=histories(), data=st.data())
+def test_merging_two_partial_folds_is_the_fold_of_their_union(events: list[Event], data: st.DataObject) -> None:
+    """(i) ``merge`` (two values of one key in the processor's table, each folded from part of its
+    history: processors/late_records.py) gives the fold of the union of their events, whichever
+    comes first; a part that holds every fact of the other merges to itself."""
+    a_part = data.draw(st.lists(st.sampled_from(events), min_size=1))
+    b_part = data.draw(st.lists(st.sampled_from(events), min_size=1))
+    a, b = folded(a_part), folded(b_part)
+    union = folded(a_part + b_part)
+    assert merge(a, b) == union == merge(b, a)
+    assert merge(union, a) is union
 
 
 @SETTINGS

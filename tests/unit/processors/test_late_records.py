@@ -13,12 +13,12 @@ import faust
 import pytest
 from faust.types import TP
 
-from effect_ledger.core.effect import Effect, apply
-from effect_ledger.core.model import Outcome
+from effect_ledger.core.effect import Effect, apply, merge
+from effect_ledger.core.model import Decision, DecisionKind, Outcome
 from effect_ledger.processors import _faust_internals as faust_internals
 from effect_ledger.processors import rocks, table_value
 from effect_ledger.processors.late_records import LateRecords, weigh
-from tests.unit.processors.test_table_value import T, executed, intent
+from tests.unit.processors.test_table_value import CODEC, T, executed, intent
 
 
 def _versions() -> list[bytes]:
@@ -40,7 +40,22 @@ V1, V2, V3 = _versions()
 
 
 def test_the_values_fold_one_more_fact_each() -> None:
-    assert [table_value.version_of(v) for v in (V1, V2, V3)] == [1, 2, 3]
+    assert [table_value.counts_of(v) for v in (V1, V2, V3)] == [(1, 0), (2, 0), (3, 0)]
+
+
+def _decided() -> bytes:
+    """The key's first intent and a decision about it: (1, 1), facts ``V2`` lacks and lacking one."""
+    first, _ = apply(None, intent(1), T)
+    d = Decision("dec-1", "payments:k", T + 5, 1, DecisionKind.ABANDONED, "ops", "no", None, "alice")
+    decided, _ = apply(first, d, T + 5)
+    assert decided is not None
+    return table_value.encode(decided, None)
+
+
+def _merge(held: bytes, incoming: bytes) -> bytes:
+    a, b = table_value.decode(held, CODEC.decode), table_value.decode(incoming, CODEC.decode)
+    assert a is not None and b is not None
+    return table_value.encode(merge(a, b), None)
 
 
 def test_weigh_keeps_the_value_that_folds_more_in_the_logs_order() -> None:
@@ -52,23 +67,38 @@ def test_weigh_keeps_the_value_that_folds_more_in_the_logs_order() -> None:
         (0, b"b", V2, 12),  # late against the batch's own V3 before it
         (1, b"c", V2, 5),  # nothing held
         (1, b"c", None, 6),  # a tombstone is applied
-        (0, b"a", V3, 13),  # the same version as held: applied (faust's order)
+        (0, b"a", V3, 13),  # the same facts as held: applied, and the key's last record is its value again
     ]
     writes = weigh(records, lambda p, k: held.get((p, k)), late, "effects-changelog")
     assert writes == {0: {b"b": V3, b"a": V3}, 1: {b"c": None}}
-    assert late.kept == 2 and len(late) == 2
+    assert late.kept == 2 and len(late) == 1  # "a" needs no rewrite: its last record is the value held
     assert late.take([1]) == {}
-    assert late.take([0, 1]) == {0: [b"a", b"b"]}
+    assert late.take([0, 1]) == {0: [b"b"]}
     assert len(late) == 0 and late.take([0]) == {}
 
 
-def test_late_records_noted_are_bounded() -> None:
-    late = LateRecords(limit=2)
+def test_weigh_merges_values_that_each_lack_facts_of_the_other() -> None:
+    """The old owner's late value folded a decision the next owner had not reached; the next owner's
+    folded more of the events topic: the store holds their union. Without a merge function the record
+    is applied, as faust does."""
+    decided = _decided()
+    late = LateRecords()
+    writes = weigh([(0, b"k", decided, 7)], lambda p, k: V2, late, "effects-changelog", _merge)
+    union = writes[0][b"k"]
+    assert union is not None and table_value.counts_of(union) == (2, 1)
+    assert late.take([0]) == {0: [b"k"]}
+    assert weigh([(0, b"k", decided, 7)], lambda p, k: V2, LateRecords()) == {0: {b"k": decided}}
+
+
+def test_keys_taken_and_not_written_are_noted_again() -> None:
+    late = LateRecords()
     for i in range(5):
-        late.note(i % 2, b"k%d" % i, i)
-    late.note(0, b"k0", 99)  # a key noted already: its offset moves, nothing more is noted
-    assert len(late) == 2 and late.kept == 6 and late.dropped == 3
-    assert late.take([0, 1]) == {0: [b"k0"], 1: [b"k1"]}
+        late.note(0, b"k%d" % i, i)
+    taken = late.take([0], limit=3)
+    assert sum(map(len, taken.values())) == 3 and len(late) == 2
+    late.again(taken)  # the batch was let go
+    assert len(late) == 5 and late.kept == 5
+    assert sorted(late.take([0])[0]) == [b"k%d" % i for i in range(5)]
 
 
 def _table(tmp_path: Path, store: str) -> Any:

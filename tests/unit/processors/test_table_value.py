@@ -207,7 +207,9 @@ def reference_encode(effect: Effect, due_ms: int | None) -> bytes:
     )
     blobs = [text.encode("utf-8", "surrogatepass") for text in w.blobs]
     counted = b"".join(struct.pack(">I", len(b)) + b for b in blobs)
-    header = struct.pack(">BqII", table_value.FORMAT, -1 if due_ms is None else due_ms, effect.version, len(blobs))
+    header = struct.pack(
+        ">BqIII", table_value.FORMAT, -1 if due_ms is None else due_ms, *table_value.counts(effect), len(blobs)
+    )
     return header + counted + skeleton
 
 
@@ -304,52 +306,61 @@ def _written_before_effect() -> Effect:
     return e
 
 
-def _as_format_4(value: bytes, version: int) -> bytes:
-    """A format-2 value as format 4: the version between the header and the body."""
-    return bytes([table_value.FORMAT]) + value[1:9] + struct.pack(">I", version) + value[9:]
+def _as_format_4(value: bytes, counts: tuple[int, int]) -> bytes:
+    """A format-2 value as format 4: the counts of facts between the header and the body."""
+    return bytes([table_value.FORMAT]) + value[1:9] + struct.pack(">II", *counts) + value[9:]
 
 
 def test_a_value_written_before_decodes_and_is_written_the_same_with_its_version() -> None:
-    """A format-2 value (no version) an earlier release wrote reads as the same effect; written
-    again it is format 4: the same header and body, the effect's version between them."""
+    """A format-2 value (no counts) an earlier release wrote reads as the same effect; written
+    again it is format 4: the same header and body, the counts of its facts between them."""
     e = _written_before_effect()
     assert WRITTEN_BEFORE[0] == table_value.UNVERSIONED_FORMAT
     assert decode(WRITTEN_BEFORE, CODEC.decode) == e
     again = encode(e, 1234)
-    assert again == _as_format_4(WRITTEN_BEFORE, e.version)
-    assert table_value.version_of(again) == e.version == 4
-    assert table_value.version_of(WRITTEN_BEFORE) is None
+    assert again == _as_format_4(WRITTEN_BEFORE, table_value.counts(e))
+    assert table_value.counts_of(again) == table_value.counts(e) == (3, 0)  # its claim verdict not counted
+    assert table_value.counts_of(WRITTEN_BEFORE) is None
     assert table_value.due_of_value(again) == table_value.due_of_value(WRITTEN_BEFORE) == 1234
 
 
-def test_keeps_row_by_row() -> None:
-    """Which value a store keeps when a changelog record arrives after the one it holds: the held
-    one only when both carry a version and the record's is lower; a retired key's marker outranks
-    every effect value."""
-    e = _written_before_effect()
-    v4 = encode(e, None)
+def test_compare_row_by_row() -> None:
+    """What a store holding one value does with a changelog record arriving after it: keep the value
+    held when it has every fact of the record and more, apply the record when it has every fact of
+    the value held, merge when each has facts the other lacks; a retired key's marker outranks every
+    effect value."""
+    e = _written_before_effect()  # intent, claim verdict, executed, receipt: (3, 0)
+    v3 = encode(e, None)
     first, _ = apply(None, intent(1, "{}"), T)
-    v1 = encode(first, None)
+    v1 = encode(first, None)  # (1, 0)
+    d = Decision("dec-1", KEY, T + 99, 1, DecisionKind.ABANDONED, "ops", "no", None, "alice")
+    decided, _ = apply(first, d, T + 99)
+    v1d = encode(decided, None)  # (1, 1): a decision the other value has not folded
     marker = retirement.marker_value(Retired.of(e, T + 100))
+    KEEP, APPLY, MERGE = table_value.KEEP, table_value.APPLY, table_value.MERGE
     rows = [
-        # held, incoming, kept
-        (v4, v1, True),  # a late record: fewer facts than the value held
-        (v1, v4, False),  # the log's order: newer arrives later
-        (v4, v4, False),  # the same version: the same set of facts, taken as faust does
-        (None, v1, False),  # nothing held
-        (v4, None, False),  # a tombstone is applied
-        (WRITTEN_BEFORE, v1, False),  # a held value without a version cannot be weighed
-        (v4, WRITTEN_BEFORE, False),  # nor an incoming one
-        (marker, v4, True),  # nothing brings a retired key back
-        (v4, marker, False),
+        # held, incoming, what the store does
+        (v3, v1, KEEP),  # a late record: the value held has all its facts and more
+        (v1, v3, APPLY),  # the log's order: newer arrives later
+        (v3, v3, APPLY),  # the same facts, taken as faust does
+        (v1d, v1, KEEP),
+        (v3, v1d, MERGE),  # each has facts the other lacks
+        (v1d, v3, MERGE),
+        (None, v1, APPLY),  # nothing held
+        (v3, None, APPLY),  # a tombstone is applied
+        (WRITTEN_BEFORE, v1, APPLY),  # a held value without counts cannot be weighed
+        (v3, WRITTEN_BEFORE, APPLY),  # nor an incoming one
+        (marker, v3, KEEP),  # nothing brings a retired key back
+        (v3, marker, APPLY),
     ]
-    for held, incoming, kept in rows:
-        assert table_value.keeps(held, incoming) is kept, (
-            held[:1] if held else held,
-            incoming[:1] if incoming else None,
+    for held, incoming, how in rows:
+        assert table_value.compare(held, incoming) == how, (
+            held[:13] if held else held,
+            incoming[:13] if incoming else None,
         )
-    assert table_value.version_of(marker) == table_value.MARKER_RANK
-    assert table_value.version_of(b"\x04") is None  # too short to hold a header: not weighed
+    assert table_value.counts_of(v1d) == (1, 1)
+    assert table_value.counts_of(marker) == table_value.MARKER_COUNTS
+    assert table_value.counts_of(b"\x04") is None  # too short to hold a header: not weighed
 
 
 @pytest.mark.parametrize("orjson", [True, False], ids=["orjson", "stdlib"])
@@ -358,7 +369,7 @@ def test_both_json_writers_write_the_same_bytes(orjson: bool, monkeypatch: pytes
     if not orjson:
         monkeypatch.setattr(table_value, "_dumps", None)
     e = _written_before_effect()
-    assert encode(e, 1234) == _as_format_4(WRITTEN_BEFORE, e.version)
+    assert encode(e, 1234) == _as_format_4(WRITTEN_BEFORE, table_value.counts(e))
 
 
 @pytest.mark.parametrize("text", ["\ud800 lone surrogate", "ok"], ids=["lone surrogate", "plain"])
