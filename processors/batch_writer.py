@@ -152,7 +152,7 @@ class BatchWriter:
             raise OutputRefused(f"Kafka refused {len(self._errors)} record(s) of the batch: {self._errors[0]}")
         # 4. where a restarted worker recovers the changelog from: not past another writer's records
         #    not answered yet (``foreign``), so that a restart's recovery weighs them
-        before = {}
+        before: dict[int, int] = {}
         for partition, first, _ in self.foreign:
             before[partition] = min(first - 1, before.get(partition, first - 1))
         for partition, offset in self._changelog_offsets.items():

@@ -258,7 +258,7 @@ class LedgerProcessor:
         )
         # A recovery merges a changelog record with the value held when each holds facts the other
         # lacks (``late_records``): the union is decoded, folded and encoded here.
-        store = self.table.data
+        store: Any = self.table.data
         if hasattr(store, "late"):
             store.merge = self._merge_values
         self.index = DeadlineIndex(grace_ms=settings.grace_ms)
