@@ -13,6 +13,7 @@ record of the key, the one compaction keeps, is the newer value."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
@@ -59,6 +60,17 @@ def _records(cfg: KafkaConfig, key: str) -> list[tuple[int, int, bytes, bytes]]:
         c.close()
 
 
+def _write_late(cfg: KafkaConfig, events: list[Any], partition: int, record_key: bytes) -> bytes:
+    """Write an old owner's late record of the key: its value folded from the first intent alone."""
+    stale = fold(events[:1])
+    assert stale is not None
+    value = table_value.encode(stale, None)
+    late = Producer(cfg.confluent())
+    late.produce(_changelog(cfg), value, record_key, partition=partition)
+    assert late.flush(30) == 0
+    return value
+
+
 def _confirmed(value: bytes) -> bool:
     effect = table_value.decode(value, lambda _: None)
     return effect is not None and effect.state is State.CONFIRMED
@@ -88,12 +100,7 @@ def test_a_recovery_keeps_the_newer_value_over_an_old_owners_late_record(
     partition, _, record_key, newest = written[-1]
 
     # The old owner's batch, delivered late: the key's first intent alone, after CONFIRMED.
-    stale = fold(events[:1])
-    assert stale is not None
-    assert table_value.compare(newest, table_value.encode(stale, None)) == table_value.KEEP
-    late = Producer(cfg.confluent())
-    late.produce(_changelog(cfg), table_value.encode(stale, None), record_key, partition=partition)
-    assert late.flush(30) == 0
+    assert table_value.compare(newest, _write_late(cfg, events, partition, record_key)) == table_value.KEEP
     assert _records(cfg, key)[-1][3] != newest
 
     second = Processor(cfg, tmp_path / "data-2")  # an empty store: it recovers the changelog from its start
@@ -136,11 +143,7 @@ def test_the_owner_answers_a_late_record_that_lands_while_it_holds_the_partition
         wait_for(lambda: answered(worker, key, "CONFIRMED"), WAIT, "the key folded CONFIRMED")
         wait_for(lambda: _confirmed(_records(cfg, key)[-1][3]), WAIT, "the key's CONFIRMED changelog record")
         partition, _, record_key, newest = _records(cfg, key)[-1]
-        stale = fold(events[:1])
-        assert stale is not None
-        late = Producer(cfg.confluent())
-        late.produce(_changelog(cfg), table_value.encode(stale, None), record_key, partition=partition)
-        assert late.flush(30) == 0
+        _write_late(cfg, events, partition, record_key)
         assert _records(cfg, key)[-1][3] != newest
         # A new key in the same partition: the worker's next changelog record there.
         beside = next(
