@@ -7,7 +7,8 @@ Run as a child process so it can be killed for real (``EFFECT_LEDGER_CRASH=<poin
 ``--mode naive`` is how such steps are usually written: a checkpoint after the call and a fresh
 idempotency key per attempt; a crash between the two pays twice. ``--mode ledger`` wraps the call
 in ``Ledger.execute``; ``--mode ledger-sync`` in ``SyncLedger.execute``, the path of synchronous
-code and of the LangGraph, DBOS, CrewAI and Agent Framework adapters. Prints one JSON line; exit
+code and of the LangGraph, DBOS, CrewAI and Agent Framework adapters; ``--mode ledger-sync-inline``
+the same with ``inline_calls=True`` (the call in the caller's thread). Prints one JSON line; exit
 code 0 confirmed, 3 uncertain/escalated, 4 rejected, 5 still in progress after ``--patience``
 seconds.
 """
@@ -122,7 +123,11 @@ async def _refund(url: str, order: str, amount: int, key: str) -> dict[str, Any]
 def run_ledger_sync(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     """``run_ledger`` through ``SyncLedger``, embedded: the same step written as synchronous code."""
     db = Path(args.workdir) / "effects.db"
-    with SyncLedger.open(str(db), targets=args.targets or [payments_target(args.gateway, args.kind)]) as ledger:
+    with SyncLedger.open(
+        str(db),
+        targets=args.targets or [payments_target(args.gateway, args.kind)],
+        inline_calls=args.mode == "ledger-sync-inline",
+    ) as ledger:
         give_up = time.monotonic() + args.patience
         while True:
             try:
@@ -166,7 +171,7 @@ async def run_naive(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m effect_ledger.demo.agent")
-    p.add_argument("--mode", choices=("ledger", "ledger-sync", "naive"), required=True)
+    p.add_argument("--mode", choices=("ledger", "ledger-sync", "ledger-sync-inline", "naive"), required=True)
     p.add_argument("--workdir", required=True)
     p.add_argument("--gateway", required=True)
     p.add_argument("--kind", choices=KINDS, default="key+lookup")
@@ -180,9 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefix", default=None, help="Kafka mode: topic prefix")
     p.add_argument("--lookup", default=None, help="Kafka mode: the processor workers' URLs, comma-separated")
     args = p.parse_args(argv)
-    if args.mode == "ledger-sync":
+    if args.mode in ("ledger-sync", "ledger-sync-inline"):
         if args.kafka:
-            p.error("--mode ledger-sync runs embedded (no --kafka)")
+            p.error(f"--mode {args.mode} runs embedded (no --kafka)")
         code, out = run_ledger_sync(args)
     else:
         code, out = asyncio.run(run_ledger(args) if args.mode == "ledger" else run_naive(args))

@@ -15,8 +15,9 @@ Each measurement is a fresh process on a fresh file (``sdk_probe.py``, with ``PY
 two more rows: this tree's concurrent run with its SQL made a no-op (``sdk_probe.py --no-sql``), the
 Python side's own limit, and the share of it this tree keeps with SQLite; and what this tree's
 sequential FULL run spent per effect outside the ledger's Python (``sdk_probe.py --parts``: the
-intent's transaction with its fsync on the store's thread, the hop there and back, the outcome's
-commit on the loop's thread), beside the baseline's whole FULL cost.
+intent's transaction with its fsync, on the loop's thread while the disk is fast, the hops to the
+store's thread and back when it was not, the outcome's commit on the loop's thread), beside the
+baseline's whole FULL cost.
 """
 
 from __future__ import annotations
@@ -98,17 +99,20 @@ def main() -> None:
         f"{'concurrent, SQL a no-op':<22} {'':>12} {statistics.median(nosql):>12,.0f}   this tree's Python alone: "
         f"with SQLite it runs at {share:.2f} of this (effects/s, median of {args.reps})"
     )
-    # Sequential FULL: each effect is one transaction with the intent's fsync on the store's thread
-    # (and the hop there and back) plus the outcome's commit on the loop's thread.
+    # Sequential FULL: each effect is the intent's transaction with its fsync (on the loop's thread
+    # while the disk is fast, else on the store's, with a hop there and back) plus the outcome's
+    # commit on the loop's thread.
     floor = {k: statistics.median(v) for k, v in parts.items()}
-    if {"txn_on_store_thread_us", "hop_us", "txn_on_loop_us"} <= floor.keys():
-        total = floor["txn_on_store_thread_us"] + floor["hop_us"] + floor["txn_on_loop_us"]
+    if {"intent_txn_us", "outcome_commit_us"} <= floor.keys():
+        on_loop = floor.get("intent_on_loop_share", 0.0)
+        hop = floor.get("hop_us", 0.0) * (1.0 - on_loop)
+        total = floor["intent_txn_us"] + hop + floor["outcome_commit_us"]
         base_full = statistics.median(runs[("sequential", "FULL", "baseline")])
         print(
             f"{'sequential FULL, parts':<22} {'':>12} {total:>12,.0f}   not the ledger's Python: intent's transaction "
-            f"with its fsync {floor['txn_on_store_thread_us']:,.0f} + hop {floor['hop_us']:,.0f} + outcome's commit "
-            f"{floor['txn_on_loop_us']:,.0f}; {total / base_full:.2f} of the baseline's whole FULL cost "
-            f"(us/effect, medians of {args.reps})"
+            f"with its fsync {floor['intent_txn_us']:,.0f} ({on_loop:.0%} on the loop's thread) + hops {hop:,.0f} "
+            f"+ outcome's commit {floor['outcome_commit_us']:,.0f}; {total / base_full:.2f} of the baseline's whole "
+            f"FULL cost (us/effect, medians of {args.reps})"
         )
 
 

@@ -44,16 +44,17 @@ def _without_sql() -> None:
     Store._write_batch = lambda self, ops: [1 for _ in ops]  # type: ignore[method-assign]
 
 
-#: Seconds per write, by part (``_timed_parts``).
-PARTS: dict[str, list[float]] = {"txn_on_store_thread": [], "hop": [], "txn_on_loop": []}
+#: Seconds per write, by part (``_timed_parts``); ``intent_on_loop`` holds 1.0 or 0.0 per intent.
+PARTS: dict[str, list[float]] = {"intent_txn": [], "intent_on_loop": [], "hop": [], "outcome_commit": []}
 
 
 def _timed_parts() -> None:
-    """Time each write's parts that are not the ledger's Python (this tree's store only): a
-    transaction on the store's thread (at FULL, with the intent's fsync), the hop there and back
-    (from the submission to the thread's start, and from its end to the caller's resumption), and
-    a transaction committed on the loop's thread (a lone write that needs no fsync)."""
-    from effect_ledger.sdk.store.sqlite import Store
+    """Time each write's parts that are not the ledger's Python (this tree's store only): the
+    intent's transaction with its fsync (on the loop's thread while the disk is fast, else on the
+    store's), the hop to the store's thread and back when there was one (from the submission to
+    the thread's start, and from its end to the caller's resumption), and the outcome's commit (no
+    fsync, on the loop's thread)."""
+    from effect_ledger.sdk.store.sqlite import Store, _Write
 
     waiting, transact, write_batch = Store._waiting, Store._transact, Store._write_batch
     ran: list[tuple[float, float]] = []
@@ -71,18 +72,21 @@ def _timed_parts() -> None:
         result = await transact(self, fn, arg, inline)
         if ran:
             (t1, t2), t3 = ran[-1], time.perf_counter()
-            PARTS["txn_on_store_thread"].append(t2 - t1)
             PARTS["hop"].append((t1 - t0) + (t3 - t2))
         return result
 
     def timed_write_batch(self: Any, ops: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            return write_batch(self, ops)
+        durable = any(isinstance(op, _Write) and op.durable for op in ops)
         t0 = time.perf_counter()
         try:
             return write_batch(self, ops)
         finally:
-            PARTS["txn_on_loop"].append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            if durable:
+                PARTS["intent_txn"].append(took)
+                PARTS["intent_on_loop"].append(float(threading.current_thread() is threading.main_thread()))
+            else:
+                PARTS["outcome_commit"].append(took)
 
     Store._waiting = timed_waiting  # type: ignore[method-assign]
     Store._transact = timed_transact  # type: ignore[method-assign]
@@ -130,7 +134,9 @@ async def main(mode: str, durability: str, n: int, path: str, snapshot: str | No
         conn = sqlite3.connect(path)
         confirmed = conn.execute("SELECT count(*) FROM effects WHERE state = 'CONFIRMED'").fetchone()[0]
         conn.close()
-    parts = {f"{k}_us": statistics.median(v) * 1e6 for k, v in PARTS.items() if v}
+    parts = {f"{k}_us": statistics.median(v) * 1e6 for k, v in PARTS.items() if v and k != "intent_on_loop"}
+    if PARTS["intent_on_loop"]:
+        parts["intent_on_loop_share"] = statistics.fmean(PARTS["intent_on_loop"])
     return {
         **({"parts": parts} if parts else {}),
         "us_per_effect": elapsed / n * 1e6,

@@ -152,7 +152,8 @@ async def settled_kafka(kafka: KafkaMode, key: str) -> tuple[str | None, str | N
 def run_cell(
     point: str, kind: str, runs: int, kafka: KafkaMode | None = None, mode: str = "ledger", naive: bool = True
 ) -> Cell:
-    """``mode``: the agent's (``ledger``: ``Ledger``; ``ledger-sync``: ``SyncLedger``, embedded);
+    """``mode``: the agent's (``ledger``: ``Ledger``; ``ledger-sync``: ``SyncLedger``, embedded;
+    ``ledger-sync-inline``: the same, with the call in the caller's thread);
     ``naive``: run the naive retry beside it."""
     cell = Cell(point, kind)
     for _ in range(runs):
@@ -233,11 +234,14 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--kafka", action="store_true", help="through a real broker (KAFKA_BOOTSTRAP) and processor")
     p.add_argument("--sync", action="store_true", help="the ledger agent through SyncLedger (embedded)")
+    p.add_argument("--inline-calls", action="store_true", help="with --sync: SyncLedger's inline_calls")
     args = p.parse_args()
     if args.sync and args.kafka:
         p.error("--sync runs embedded (no --kafka)")
+    if args.inline_calls and not args.sync:
+        p.error("--inline-calls goes with --sync")
     if args.sync:
-        cells = run_matrix(args.runs, mode="ledger-sync")
+        cells = run_matrix(args.runs, mode="ledger-sync-inline" if args.inline_calls else "ledger-sync")
     elif not args.kafka:
         cells = run_matrix(args.runs)
     else:

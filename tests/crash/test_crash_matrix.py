@@ -16,11 +16,12 @@ from tests.crash.matrix import Cell, run_matrix, table
 RUNS = int(os.environ.get("EFFECT_LEDGER_CRASH_RUNS", "2"))
 
 
-@pytest.fixture(scope="module", params=["ledger", "ledger-sync"])
+@pytest.fixture(scope="module", params=["ledger", "ledger-sync", "ledger-sync-inline"])
 def cells(request: pytest.FixtureRequest) -> list[Cell]:
     """The agent through ``Ledger`` and through ``SyncLedger`` (embedded), whose intent and outcome
     are written on the caller's own thread: the path of synchronous code and of the LangGraph, DBOS,
-    CrewAI and Agent Framework adapters."""
+    CrewAI and Agent Framework adapters; and through ``SyncLedger`` with ``inline_calls``, whose
+    call runs on that thread too."""
     result = run_matrix(RUNS, mode=request.param)
     print(f"\n{request.param}:\n" + table(result))
     return result

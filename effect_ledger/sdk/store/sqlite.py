@@ -15,10 +15,13 @@ The effect row is a projection of the events (``effect_ledger.core.effect``); th
 
 Threads: at NORMAL a lone write commits on the event loop's thread (a commit is a write() into
 the OS's cache, cheaper than a hop to a thread and back, ~60-80 us); a group commit of several
-writes takes one hop for all of them, so SQLite runs beside the loop's Python. An fsync (an intent
-at FULL), a file another process has locked, and the checkpoint that bounds the WAL run on the
-store's own thread: the loop never waits for a disk flush or a lock (a write() can still wait for
-the kernel when the machine has too much dirty memory). Reads use a second, read-only
+writes takes one hop for all of them, so SQLite runs beside the loop's Python. A lone intent at
+FULL (an fsync) commits on the loop's thread too while the disk is fast (``INLINE_FSYNC_MAX_US``,
+judged on its recent durable commits): a hop to the store's thread and back costs as much as such
+an fsync, on a virtual machine more. On a slow disk it goes to the store's own thread, as do a
+file another process has locked and the checkpoint that bounds the WAL: the loop never waits for a
+slow disk flush or a lock (a write() can still wait for the kernel when the machine has too much
+dirty memory). Reads use a second, read-only
 connection, on the loop's thread.
 
 A store is opened on one event loop, its home. A write from any other loop (``SyncLedger``
@@ -39,11 +42,13 @@ sqlite3 error), translated in ``Store._transact`` and ``Store._kick`` (writes), 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -86,6 +91,14 @@ _CHECK_WAL_EVERY_BYTES = 256 * 1024
 _PAGES_PER_WRITE = 16  # a generous count of the pages one effect's write changes
 #: A group commit of this many writes or more goes to the store's thread (one hop for all).
 _HOP_BATCH = 2
+#: A lone intent at FULL commits on the event loop's thread while the median of the store's last
+#: ``_DISK_SAMPLES`` durable commits took under this: the loop then waits for the disk about as long
+#: as it runs the ledger's own Python for a call, and less than a hop to the store's thread and back
+#: costs. A slower disk (busy, networked, a cloud volume) sends them to the store's thread again;
+#: until ``_DISK_SAMPLES_FIRST`` commits have been timed there, they go there.
+INLINE_FSYNC_MAX_US = 1_000
+_DISK_SAMPLES = 16
+_DISK_SAMPLES_FIRST = 4
 #: How long a write waits for a file another process has locked (on the store's thread).
 BUSY_TIMEOUT_MS = 30_000
 #: How long the WAL-bounding checkpoint waits for readers of another process before trying later.
@@ -307,6 +320,10 @@ class Store:
         # The results of the last transaction once its COMMIT returned (None before): set under the writer.
         self._committed: list[Any] | None = None
         self._reading = threading.Lock()
+        # How long the last durable commits took, wherever they ran (microseconds), and whether
+        # the disk is fast enough for a lone one on the loop's thread (``INLINE_FSYNC_MAX_US``).
+        self._durable_us: collections.deque[float] = collections.deque(maxlen=_DISK_SAMPLES)
+        self._fsync_inline = False
         try:
             self._home: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -658,9 +675,9 @@ class Store:
             return  # the flusher takes what is pending
         if len(self._pending) == 1:
             op, fut = self._pending[0]
-            if not (
-                isinstance(op, _Write) and op.durable and self.durability is Durability.FULL
-            ) and self._writing.acquire(blocking=False):  # else a caller's thread writes: the flusher waits for it
+            if not self._waits_for_disk([op]) and self._writing.acquire(
+                blocking=False
+            ):  # else a caller's thread writes: the flusher waits for it
                 try:
                     try:
                         (result,) = self._write_batch([op])
@@ -693,11 +710,10 @@ class Store:
             while self._pending:
                 batch, self._pending = self._pending, []
                 ops = [op for op, _ in batch]
-                durable = any(isinstance(op, _Write) and op.durable for op in ops)
                 try:
                     # One write: on the loop's thread (no hop). Several (concurrent tasks): one hop
                     # for all of them, and SQLite works in parallel with the loop's Python.
-                    inline = len(ops) < _HOP_BATCH and not (durable and self.durability is Durability.FULL)
+                    inline = len(ops) < _HOP_BATCH and not self._waits_for_disk(ops)
                     results = await self._transact(self._write_batch, ops, inline)
                 except BaseException as e:
                     for _, fut in batch:
@@ -715,9 +731,10 @@ class Store:
 
     async def _transact(self, fn: Callable[[Any], Any], arg: Any, inline: bool) -> Any:
         """Run the write transaction ``fn(arg)`` on the writer: ``inline`` on the event loop's
-        thread, else on the store's. Inline only when it needs no fsync (the loop must not wait
-        for the disk); a file locked by another process (SQLITE_BUSY at BEGIN, nothing written)
-        sends it to the store's thread too, which waits for the lock up to ``BUSY_TIMEOUT_MS``.
+        thread, else on the store's. Inline only when it needs no fsync, or a fast one
+        (``_waits_for_disk``: the loop must not wait for a slow disk); a file locked by another
+        process (SQLITE_BUSY at BEGIN, nothing written) sends it to the store's thread too, which
+        waits for the lock up to ``BUSY_TIMEOUT_MS``.
         The one place write errors become ``StorageError``."""
         try:
             if inline and self._writing.acquire(blocking=False):  # else a caller's thread writes
@@ -731,6 +748,20 @@ class Store:
             return await asyncio.get_running_loop().run_in_executor(self._thread, self._waiting, fn, arg)
         except sqlite3.Error as e:
             raise _storage_error(self.path, e) from e
+
+    def _waits_for_disk(self, ops: Sequence[_Op]) -> bool:
+        """Whether committing ``ops`` would make the loop wait for a slow disk: an fsync (an intent
+        at FULL) while the disk's recent durable commits were slow, or not timed yet."""
+        if self.durability is not Durability.FULL or self._fsync_inline:
+            return False
+        return any(isinstance(op, _Write) and op.durable for op in ops)
+
+    def _durable_took(self, us: float) -> None:
+        """Time one durable commit (``INLINE_FSYNC_MAX_US``). Called holding the writer."""
+        seen = self._durable_us
+        seen.append(us)
+        if len(seen) >= _DISK_SAMPLES_FIRST:
+            self._fsync_inline = sorted(seen)[len(seen) // 2] < INLINE_FSYNC_MAX_US
 
     def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """``fn(arg)`` on the store's thread, waiting for a locked file. Tried at once first (a file
@@ -768,12 +799,17 @@ class Store:
                 self._sync_level = None
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._sync_level = level
+            started = time.perf_counter() if level == "FULL" else None
+        else:
+            started = None
         self._committed = None
         try:
             conn.execute("BEGIN IMMEDIATE")  # inside: an interruption as it returns still rolls back
             results = [self._write_effect(conn, op) if isinstance(op, _Write) else op(conn) for op in ops]
             conn.execute("COMMIT")  # 3. durable from here: only then does the caller go on
             self._committed = results  # what an interruption from here on must not undo
+            if started is not None:
+                self._durable_took((time.perf_counter() - started) * 1e6)
             return results
         except BaseException:
             _rollback(conn)

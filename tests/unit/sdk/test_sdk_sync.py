@@ -27,6 +27,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from pathlib import Path
@@ -60,7 +61,9 @@ from tests.sdk_contract import (
     Destination,
     LedgerContract,
     db_counts,
+    effect_row,
     event_kinds,
+    run,
     wait_until,
 )
 
@@ -599,14 +602,14 @@ _INTERRUPTED_SCRIPT = textwrap.dedent(
 
     # Ctrl-C as in a terminal: a test run started in the background inherits SIGINT ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    db, ready = sys.argv[1], Path(sys.argv[2])
+    db, ready, inline = sys.argv[1], Path(sys.argv[2]), sys.argv[3:] == ["inline"]
 
     def call(key):
         ready.touch()
         threading.Event().wait()  # a destination that never answers
 
     try:
-        with SyncLedger.open(db, targets=[Target("payments")]) as ledger:
+        with SyncLedger.open(db, targets=[Target("payments")], inline_calls=inline) as ledger:
             ledger.execute(target="payments", operation="refund.create", run_id="r", step="s",
                            request={"order": "1"}, call=call, timeout=600)
     except KeyboardInterrupt:
@@ -615,16 +618,18 @@ _INTERRUPTED_SCRIPT = textwrap.dedent(
 )
 
 
-def test_interrupted_caller_records_the_call_unknown(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline", [False, True], ids=["call-thread", "inline-calls"])
+def test_interrupted_caller_records_the_call_unknown(tmp_path: Path, inline: bool) -> None:
     """Ctrl-C while a sync call blocks (the sync form of a cancelled task): the caller gets its
     KeyboardInterrupt at once, the ledger records the call's outcome as unknown before the ``with``
-    closes it, and the process exits although the call's thread still blocks."""
+    closes it, and the process exits although the call's thread still blocks. With
+    ``inline_calls`` the interruption is raised inside the call, in the caller's thread."""
     path, ready = db(tmp_path), tmp_path / "ready"
     script = tmp_path / "interrupted.py"
     script.write_text(_INTERRUPTED_SCRIPT)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [sys.executable, str(script), path, str(ready)],
+        [sys.executable, str(script), path, str(ready), *(["inline"] if inline else [])],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -706,3 +711,31 @@ def test_a_call_that_exits_is_recorded_unknown_and_the_ledger_keeps_working(tmp_
         assert ledger._thread.is_alive()
         c = execute(ledger, lambda key: {"id": "re_2"}, step="another")
         assert c.called and c.receipt_id == "re_2"
+
+
+class TestSyncLedgerInlineCalls(TestSyncLedger):
+    """The whole contract again with ``inline_calls``: every call in the caller's thread."""
+
+    async def open_ledger(self, path: str, **kwargs: Any) -> ThroughSync:  # type: ignore[override]
+        kwargs.setdefault("inline_calls", True)
+        return await super().open_ledger(path, **kwargs)
+
+    def test_timeout_is_uncertain_with_unknown_outcome(self, tmp_path: Path) -> None:
+        """No cut-off: the caller waits for the call, which returns after its deadline. It counts as
+        cut off there: recorded unknown, what it returned not recorded, the claim released."""
+        dest = Destination(delay=1.0)
+
+        async def body(ledger: Any) -> None:
+            started = time.monotonic()
+            with pytest.raises(EffectUncertain) as ei:
+                await self.execute(ledger, dest, timeout=0.2)
+            assert time.monotonic() - started >= 1.0  # held by the call, past its deadline
+            assert dest.calls == [KEY]
+            assert ei.value.effect_id == KEY and ei.value.state == "UNCERTAIN"
+            effect = await ledger.get(KEY)
+            assert effect.state is State.UNCERTAIN and effect.receipt is None
+            execs = [f for f in effect.facts if isinstance(f, Executed)]
+            assert [(x.outcome, x.error) for x in execs] == [(Outcome.UNKNOWN, "timed out")]
+            assert effect_row(ledger.store.path, KEY)["claim_owner"] is None
+
+        run(self.with_ledger(self.db(tmp_path), body))

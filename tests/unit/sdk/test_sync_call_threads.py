@@ -4,6 +4,7 @@ and closing the ledger ends the idle ones."""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -93,3 +94,74 @@ def test_idle_threads_are_bounded_and_end_after_their_idle_time(monkeypatch: pyt
     assert len(idle_call_threads()) <= 2
     wait_until(lambda: not idle_call_threads(), what="the idle threads to end")
     pool.close()
+
+
+linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+
+
+@linux_only
+def test_the_hand_off_stays_on_the_callers_cpu_and_the_callers_mask_comes_back(tmp_path: Path) -> None:
+    """While its call runs, the caller waits pinned to the CPU it was on, and the call thread runs
+    there too (``_OneCore``); afterwards the caller's own mask is what it was, also when its call
+    was cut off at the deadline."""
+    caller = threading.get_native_id()
+    mine = os.sched_getaffinity(0)
+    seen: list[tuple[set[int], set[int]]] = []
+    release = threading.Event()
+
+    def call(key: str) -> dict[str, str]:
+        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(caller)))
+        return {"id": "re_1"}
+
+    def hangs(key: str) -> None:
+        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(caller)))
+        release.wait(60)
+
+    with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+        try:
+            for i in range(3):
+                execute(ledger, f"s{i}", call)
+                assert os.sched_getaffinity(0) == mine
+            with pytest.raises(EffectUncertain):
+                execute(ledger, "hangs", hangs, timeout=0.3)
+            assert os.sched_getaffinity(0) == mine
+        finally:
+            release.set()
+    assert len(seen) == 4
+    for call_mask, caller_mask in seen:
+        assert len(call_mask) == 1 and call_mask == caller_mask and call_mask <= mine, seen
+
+
+@linux_only
+def test_a_caller_the_application_pinned_keeps_its_own_mask(tmp_path: Path) -> None:
+    """A mask the application set (a set of CPUs, or one) is the one it has after each call."""
+    original = os.sched_getaffinity(0)
+    results: list[set[int]] = []
+
+    def caller(mask: set[int]) -> None:
+        os.sched_setaffinity(0, mask)
+        execute(ledger, f"s{min(mask)}-{len(mask)}", lambda key: {"id": "re_1"})
+        results.append(os.sched_getaffinity(0))
+
+    with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+        masks = [original, {min(original)}]
+        for mask in masks:
+            t = threading.Thread(target=caller, args=(mask,))
+            t.start()
+            t.join(30)
+    assert results == masks
+
+
+@linux_only
+def test_a_cpu_mask_that_cannot_be_set_leaves_the_hand_off_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(pid: int, mask: Any) -> None:
+        raise PermissionError("not allowed here")
+
+    monkeypatch.setattr(os, "sched_setaffinity", refused)
+    mine = os.sched_getaffinity(0)
+    with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+        for i in range(2):
+            assert execute(ledger, f"s{i}", lambda key: {"id": "re_1"}).called
+    assert os.sched_getaffinity(0) == mine

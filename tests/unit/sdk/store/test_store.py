@@ -183,6 +183,66 @@ def test_writes_stay_on_the_loop_at_normal_and_leave_it_for_an_fsync(tmp_path: P
     assert threading.main_thread().name in full and any(n.startswith("effect-ledger-store") for n in full), full
 
 
+def test_a_lone_intent_at_full_commits_on_the_loop_while_the_disk_is_fast(tmp_path: Path) -> None:
+    """At FULL a lone intent's fsync stays on the loop's thread while the store's recent durable
+    commits were fast (a hop to the store's thread and back costs as much), and leaves it again
+    once they are slow; until some are timed, it leaves it. Concurrent writes take one hop."""
+
+    async def body() -> None:
+        ledger = await Ledger.open(str(tmp_path / "full.db"), targets=TARGETS, durability="FULL")
+        store = ledger.store
+        names: list[tuple[str, bool]] = []
+        orig = store._write_batch
+
+        def spy(ops: Any) -> Any:
+            durable = any(getattr(op, "durable", False) for op in ops)
+            names.append((threading.current_thread().name, durable))
+            return orig(ops)
+
+        store._write_batch = spy  # type: ignore[method-assign]
+
+        async def intents_on(step: str) -> set[str]:
+            names.clear()
+            done = await ledger.execute(
+                target="payments", operation="refund", run_id="r", step=step, request={}, call=_ok
+            )
+            assert done.called and (await ledger.get(done.effect_id)).state is State.CONFIRMED  # type: ignore[union-attr]
+            return {name for name, durable in names if durable}
+
+        store_thread = "effect-ledger-store"
+        main = threading.main_thread().name
+        try:
+            # Not timed yet: the first durable commits go to the store's thread, and are timed there.
+            first = await intents_on("a")
+            assert all(n.startswith(store_thread) for n in first), first
+            assert len(store._durable_us) == 1 and store._durable_us[0] > 0
+            for us in (200.0,) * 16:  # a fast disk's commits
+                store._durable_took(us)
+            assert await intents_on("b") == {main}
+            for us in (5_000.0,) * 16:  # the same disk, busy now
+                store._durable_took(us)
+            slow = await intents_on("c")
+            assert slow and all(n.startswith(store_thread) for n in slow), slow
+            for us in (200.0,) * 16:
+                store._durable_took(us)
+            # Several intents at once: one group commit, on the store's thread, fast disk or not.
+            names.clear()
+            await asyncio.gather(
+                *(
+                    ledger.execute(
+                        target="payments", operation="refund", run_id="r", step=f"g{i}", request={}, call=_ok
+                    )
+                    for i in range(8)
+                )
+            )
+            assert any(n.startswith(store_thread) for n, durable in names if durable), names
+            assert sum(1 for _, durable in names if durable) < 8  # grouped
+        finally:
+            await ledger.close()
+
+    run(body())
+
+
 def test_a_file_locked_by_another_process_is_waited_for_off_the_loop(tmp_path: Path) -> None:
     """Another connection holds the write lock: the write waits on the store's thread while the
     event loop keeps running, and lands once the lock is released."""
