@@ -23,7 +23,8 @@ runs an event loop, the operation is handed to the ledger's loop, where the rela
 live, and the caller waits for it.
 
 Where the call runs: in a thread other than the caller's, with the caller's context variables, so
-the ledger's deadline can fire while the call blocks. Call threads are kept between calls
+the ledger's deadline can fire while the call blocks (or in the caller's own thread, with
+``inline_calls``: below). Call threads are kept between calls
 (``_CallThreads``): starting a thread per call made the loop wait for each new thread to run,
 a fifth of the sync path's cost. On Linux the hand-off stays on one core (``_OneCore``): the
 caller sleeps while its call runs, so the two never need two cores, and crossing to the other
@@ -527,9 +528,10 @@ class _OnCallThread(TimedCall):
         def run() -> None:
             answer.put(_called(call, context, key))
 
-        core = _OneCore.enter()
+        core = _OneCore()
         try:
-            self.threads.run(run, f"effect-ledger call {key[:40]}", None if core is None else core.cpu)
+            core.enter()
+            self.threads.run(run, f"effect-ledger call {key[:40]}", core)
             _LOOPS.waiting_for_call = True
             try:
                 value, exc = answer.get(timeout=max(left_s, 0.0))
@@ -538,8 +540,7 @@ class _OnCallThread(TimedCall):
             finally:
                 _LOOPS.waiting_for_call = False
         finally:
-            if core is not None:
-                core.leave()
+            core.leave()
         if exc is None:
             return value
         raise exc if isinstance(exc, Exception) else CallExited(exc)
@@ -560,18 +561,18 @@ class _OnCallersThread(_OnCallThread):
         # returned coroutine) would refuse to start beside it. Nothing else runs on that loop
         # (see ``_OwnLoop``), so nothing notices its absence meanwhile.
         running = asyncio.events._get_running_loop()
-        asyncio.events._set_running_loop(None)
-        # A Ctrl-C raises at once, inside the call, as it does while the caller waits for a call thread.
-        _LOOPS.waiting_for_call = True
         try:
+            asyncio.events._set_running_loop(None)
+            # A Ctrl-C raises at once, inside the call, as it does while the caller waits for a call thread.
+            _LOOPS.waiting_for_call = True
             value, exc = _called(self.call, self.context, key)
         finally:
+            asyncio.events._set_running_loop(running)  # first: the ledger's own writes need it
             _LOOPS.waiting_for_call = False
-            asyncio.events._set_running_loop(running)
         if exc is not None and not isinstance(exc, Exception):
             raise CallExited(exc)  # recorded unknown; its caller gets it back (``_for_the_caller``)
         if time.monotonic() - started > left_s:
-            raise TimeoutError
+            raise TimeoutError("the call returned after its deadline") from exc
         if exc is None:
             return value
         raise exc
@@ -583,7 +584,10 @@ def _called(call: Callable[[str], Any], context: contextvars.Context, key: str) 
         # A copy per run: a replay of the key and a later attempt may use the same context.
         value = context.copy().run(call, key)
         if inspect.isawaitable(value):  # a lambda that returned a coroutine: run it here
-            value = asyncio.run(_awaited(value))
+            # On a loop of its own that is never the thread's current one (``asyncio.run`` would
+            # unset the current loop of a caller's thread after it, with ``inline_calls``).
+            with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+                value = runner.run(_awaited(value))
         return value, None
     except BaseException as e:
         return None, e
@@ -591,35 +595,46 @@ def _called(call: Callable[[str], Any], context: contextvars.Context, key: str) 
 
 class _OneCore:
     """The caller's thread kept on the CPU it runs on while it waits for its call (Linux), and the
-    call's thread sent there (``_CallThreads.run``): one of the two sleeps while the other runs, and
-    a hand-off on one core is a context switch, where one to the other core wakes that core from
-    idle (on a virtual machine, a trip through the hypervisor) and runs on caches warmed elsewhere.
-    ``make bench`` measured the sync path at about 2x ``Ledger.execute`` without it and 1.35x
-    with it. The caller's own CPU mask comes back as it was once the answer is in; a thread that
-    cannot be pinned (another OS, a CPU set that refuses) hands off as before."""
+    call's thread woken there (``_CallThreads.run``): one of the two sleeps while the other runs,
+    and a hand-off on one core is a context switch, where one to the other core wakes that core
+    from idle (on a virtual machine, a trip through the hypervisor) and runs on caches warmed
+    elsewhere. ``make bench`` measured the sync path at about 2x ``Ledger.execute`` without it and
+    1.3x with it. Nothing stays pinned: the call's thread takes the caller's own mask back as soon
+    as it wakes, before the call runs (a thread or a process the call starts inherits that mask, not
+    one CPU; a running thread is not moved when its mask widens), and the caller gets its own mask
+    back once the answer is in, whatever ends the wait. A thread that cannot be pinned (another
+    OS, a CPU set that refuses) hands off as before.
 
-    __slots__ = ("cpu", "mask")
+    Made before the wait and ``leave``-d in its ``finally``: ``pinned`` is set before the mask is,
+    so an interruption right after the system call still finds it to undo."""
 
-    def __init__(self, cpu: int, mask: set[int] | None) -> None:
-        self.cpu = cpu
-        self.mask = mask  # the caller's own mask, to put back; None when it was this CPU already
+    __slots__ = ("cpu", "mask", "pinned")
 
-    @classmethod
-    def enter(cls) -> _OneCore | None:
+    def __init__(self) -> None:
+        self.cpu: int | None = None
+        self.mask: set[int] | None = None  # the caller's own mask
+        self.pinned = False
+
+    def enter(self) -> None:
         cpu = _this_cpu()
         if cpu is None:
-            return None
+            return
         try:
             mask = os.sched_getaffinity(0)
-            if mask == {cpu}:
-                return cls(cpu, None)
+        except OSError:
+            return
+        self.cpu, self.mask = cpu, mask
+        if mask == {cpu}:
+            return  # pinned there already, by the application
+        self.pinned = True
+        try:
             os.sched_setaffinity(0, {cpu})
         except OSError:
-            return None
-        return cls(cpu, mask)
+            self.pinned = False
 
     def leave(self) -> None:
-        if self.mask is not None:
+        if self.pinned and self.mask is not None:
+            self.pinned = False
             try:
                 os.sched_setaffinity(0, self.mask)
             except OSError:  # a CPU of it went away meanwhile (hotplug, a cgroup's cpuset): the kernel's choice stands
@@ -654,21 +669,25 @@ def _this_cpu() -> int | None:
     return cpu if cpu >= 0 else None
 
 
-class _Inbox(queue.SimpleQueue[tuple[Callable[[], None], str] | None]):
-    """A call thread's inbox, with the thread's id and the CPU it was last sent to."""
+#: What a call thread's inbox holds: the job, the name the thread takes, and the mask it takes back
+#: when it wakes (``_OneCore``), or None to close.
+_Item = tuple[Callable[[], None], str, set[int] | None] | None
+
+
+class _Inbox(queue.SimpleQueue[_Item]):
+    """A call thread's inbox, with the thread's id."""
 
     tid: int | None = None
-    cpu: int | None = None
 
-    def send_to(self, cpu: int) -> None:
-        """Run this inbox's thread on ``cpu`` from its next wake-up (``_OneCore``)."""
-        if self.cpu == cpu or self.tid is None:
-            return
-        self.cpu = cpu
+    def send_to(self, cpu: int) -> bool:
+        """Wake this inbox's thread on ``cpu`` (``_OneCore``); False when it cannot be."""
+        if self.tid is None:
+            return False
         try:
             os.sched_setaffinity(self.tid, {cpu})
         except OSError:  # the thread ended meanwhile, or the CPU may not be used: it runs where it may
-            pass
+            return False
+        return True
 
 
 class _CallThreads:
@@ -687,23 +706,25 @@ class _CallThreads:
         self._idle: list[_Inbox] = []
         self._closed = False
 
-    def run(self, job: Callable[[], None], name: str, cpu: int | None = None) -> None:
-        """Run ``job`` in an idle call thread (a new one if none is); on ``cpu`` when given (see
-        ``_OneCore``)."""
+    def run(self, job: Callable[[], None], name: str, core: _OneCore | None = None) -> None:
+        """Run ``job`` in an idle call thread (a new one if none is); woken on the caller's CPU
+        when ``core`` pinned the caller there."""
         with self._lock:
             inbox = self._idle.pop() if self._idle else None
         if inbox is not None:
-            if cpu is not None:
-                inbox.send_to(cpu)  # before the wake-up, which then happens on that CPU
-            inbox.put((job, name))
+            mask = None
+            # Before the wake-up, which then happens on that CPU; the thread widens it back first thing.
+            if core is not None and core.pinned and core.cpu is not None and inbox.send_to(core.cpu):
+                mask = core.mask
+            inbox.put((job, name, mask))
             return
         inbox = _Inbox()
-        inbox.put((job, name))
+        # Started from the caller's thread, it inherits the caller's mask of the moment: one CPU
+        # while the caller waits pinned. It takes the caller's own mask before the call runs.
+        inbox.put((job, name, core.mask if core is not None and core.pinned else None))
         thread = threading.Thread(target=self._serve, args=(inbox,), name=name, daemon=True)
         thread.start()
         inbox.tid = thread.native_id
-        if cpu is not None:
-            inbox.send_to(cpu)
 
     def _serve(self, inbox: _Inbox) -> None:
         me = threading.current_thread()
@@ -718,7 +739,12 @@ class _CallThreads:
                 return
             if item is None:
                 return
-            job, me.name = item
+            job, me.name, mask = item
+            if mask is not None:  # woken on the caller's CPU: the call runs with the caller's own mask
+                try:
+                    os.sched_setaffinity(0, mask)
+                except OSError:  # a CPU of it went away meanwhile: the call runs where it is
+                    pass
             job()  # never raises: ``run`` in ``_in_thread`` catches everything
             me.name = self.IDLE_NAME
             with self._lock:

@@ -221,12 +221,39 @@ def _wait_replicated(world: World, bound_s: float) -> float:
     return waited
 
 
+#: The most the run waits after a heal for every steady host to complete a call again before the
+#: next fault starts (the gap is waited anyway); past it, the next fault starts all the same.
+RECOVERED_WAIT_S = 60.0
+
+
+def _wait_recovered(world: World, tail: check.HistoryTail, healed_at: float, gap: float, bound_s: float) -> float:
+    """Wait until every steady host has completed a call started since ``healed_at``, at most
+    ``bound_s``; then the rest of ``gap``. The seconds waited beyond the gap (0 when the recovery
+    came within it, as it should). Draws nothing from the schedule's random numbers: a replay is the
+    same schedule."""
+    while True:
+        tail.poll()
+        waited = time.monotonic() - healed_at
+        if tail.recovered_since(healed_at):
+            break
+        if waited >= bound_s:
+            progress(f"some agent host completed no call in the {bound_s:.0f} s after the heal: the next fault starts")
+            break
+        _wait_calls(world, 0.5)
+    if waited < gap:
+        _wait_calls(world, gap - waited)
+        return 0.0
+    progress(f"calls completed again on every agent host {waited:.0f} s after the heal (the gap was {gap:.0f} s)")
+    return waited - gap
+
+
 def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out: Path, replay: str) -> int:
     t0 = time.monotonic()
     started = datetime.now(UTC).isoformat(timespec="seconds")
     nemesis = Nemesis(world, rng)
     _wait_calls(world, 15)  # the load settles before the first fault
     windows: list[check.Window] = []
+    tail = check.HistoryTail({h: world.wd / f"history-{h}.jsonl" for h in world.agents})
     kinds = schedule(a, rng)
     end_by = t0 + (a.minutes * 60 if not a.short else 1e9)
     cap = t0 + a.minutes * 60 * 3  # --per-kind: bounded all the same
@@ -259,9 +286,10 @@ def run(a: argparse.Namespace, world: World, rng: random.Random, seed: int, out:
             _wait_calls(world, hold)
         heal_at = time.monotonic()
         healed = fault.heal()
-        windows.append(check.Window(kind, GROUP[kind], fault.what, start, heal_at, healed, waited))
+        window = check.Window(kind, GROUP[kind], fault.what, start, heal_at, healed, waited)
+        windows.append(window)
         held[kind] += 1
-        _wait_calls(world, gap)
+        window.recovered_wait_s = _wait_recovered(world, tail, heal_at, gap, RECOVERED_WAIT_S)
     progress("every fault healed; the load runs 15 s more")
     heal_everything(world)
     _wait_calls(world, 15)

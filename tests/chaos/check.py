@@ -59,6 +59,10 @@ class Window:
     #: after the one before (a broker restarted or cut off catching up): otherwise a broker faulted
     #: now would be the second one out of the in-sync replicas, and the figures those of two faults.
     replicated_wait_s: float = 0.0
+    #: Seconds the run waited after the heal, beyond the gap, for every steady host to complete a
+    #: call again: a recovery slower than the gap would otherwise run into the next fault, and be
+    #: counted as that fault's unavailability and as this one's recovery at once.
+    recovered_wait_s: float = 0.0
 
 
 @dataclass
@@ -165,6 +169,49 @@ def check(ops: list[Op], skipped: int, refunds: dict[str, list[dict[str, Any]]],
     return out
 
 
+class HistoryTail:
+    """The steady hosts' histories followed as they grow (only what was appended since the last
+    ``poll``), to tell while the run goes on whether each host has completed a call started since a
+    given time: the run waits for that after each heal (``recovered_since``)."""
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+        self.offsets = dict.fromkeys(paths, 0)
+        self.partial = dict.fromkeys(paths, b"")
+        self.started: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.last_completed_start: dict[str, float] = {}
+
+    def poll(self) -> None:
+        for host, path in self.paths.items():
+            try:
+                with path.open("rb") as f:
+                    f.seek(self.offsets[host])
+                    data = f.read()
+            except FileNotFoundError:
+                continue
+            self.offsets[host] += len(data)
+            *lines, self.partial[host] = (self.partial[host] + data).split(b"\n")
+            for line in lines:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a kill
+                if r.get("op") in (None, "skip"):
+                    continue
+                k = (r["host"], r["key"])
+                if r["op"] == "invoke":
+                    self.started[k].append(float(r["t"]))
+                elif self.started[k]:
+                    t = self.started[k].pop(0)
+                    if r["op"] == "ok" or (r["key"].startswith("race.") and r.get("error") == "EffectConflict"):
+                        self.last_completed_start[host] = max(t, self.last_completed_start.get(host, t))
+
+    def recovered_since(self, t: float) -> bool:
+        """Every host has completed a call it started at ``t`` or later (what ``availability``
+        measures the recovery by)."""
+        return all(self.last_completed_start.get(h, -1.0) >= t for h in self.paths)
+
+
 def completed(o: Op) -> bool:
     """A call the system answered for good: a receipt, or on a racing key the conflict the loser of
     the race must get."""
@@ -186,7 +233,7 @@ def availability(w: Window, ops: list[Op]) -> dict[str, Any]:
         "held_s": round(w.heal - w.start, 1), "calls": len(during), "completed": ok,
         "availability": round(ok / len(during), 4) if during else None,
         "recovery_s": None if recovered is None else round(recovered, 2),
-        "replicated_wait_s": round(w.replicated_wait_s, 1),
+        "replicated_wait_s": round(w.replicated_wait_s, 1), "recovered_wait_s": round(w.recovered_wait_s, 1),
     }  # fmt: skip
 
 
@@ -239,15 +286,16 @@ def markdown(c: Checked, meta: dict[str, Any], plot: str | None) -> str:
         "",
         "## Faults",
         "",
-        "| start (s) | held (s) | fault | calls | completed | recovery | waited before it for the replicas |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "| start (s) | held (s) | fault | calls | completed | recovery | waited before it for the replicas "
+        "| waited after it for the recovery, beyond the gap |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for f in c.faults:
         av = "n/a" if f["availability"] is None else f"{f['availability']:.1%}"
         rec = "n/a" if f["recovery_s"] is None else f"{f['recovery_s']} s"
         lines.append(
             f"| {f['start_s'] - meta['t0']:.0f} | {f['held_s']} | {f['what']} | {f['calls']} | {av} | {rec} "
-            f"| {f['replicated_wait_s']} s |"
+            f"| {f['replicated_wait_s']} s | {f.get('recovered_wait_s', 0.0)} s |"
         )
     if n["errors"]:
         lines += ["", "Errors callers met: " + ", ".join(f"{k} {v:,}" for k, v in n["errors"].items()) + "."]

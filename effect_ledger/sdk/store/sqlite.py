@@ -16,12 +16,12 @@ The effect row is a projection of the events (``effect_ledger.core.effect``); th
 Threads: at NORMAL a lone write commits on the event loop's thread (a commit is a write() into
 the OS's cache, cheaper than a hop to a thread and back, ~60-80 us); a group commit of several
 writes takes one hop for all of them, so SQLite runs beside the loop's Python. A lone intent at
-FULL (an fsync) commits on the loop's thread too while the disk is fast (``INLINE_FSYNC_MAX_US``,
-judged on its recent durable commits): a hop to the store's thread and back costs as much as such
-an fsync, on a virtual machine more. On a slow disk it goes to the store's own thread, as do a
-file another process has locked and the checkpoint that bounds the WAL: the loop never waits for a
-slow disk flush or a lock (a write() can still wait for the kernel when the machine has too much
-dirty memory). Reads use a second, read-only
+FULL (an fsync) commits on the loop's thread too while the disk is fast (``INLINE_FSYNC_MAX_US``:
+the last 16 such commits each under 1 ms): a hop to the store's thread and back costs as much as
+such an fsync, on a virtual machine more. The first slow one sends them to the store's own thread,
+as do a file another process has locked and the checkpoint that bounds the WAL: the loop waits
+for one slow disk flush at most, and never for a lock (a write() can still wait for the kernel
+when the machine has too much dirty memory). Reads use a second, read-only
 connection, on the loop's thread.
 
 A store is opened on one event loop, its home. A write from any other loop (``SyncLedger``
@@ -42,7 +42,6 @@ sqlite3 error), translated in ``Store._transact`` and ``Store._kick`` (writes), 
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import logging
 import os
@@ -91,14 +90,13 @@ _CHECK_WAL_EVERY_BYTES = 256 * 1024
 _PAGES_PER_WRITE = 16  # a generous count of the pages one effect's write changes
 #: A group commit of this many writes or more goes to the store's thread (one hop for all).
 _HOP_BATCH = 2
-#: A lone intent at FULL commits on the event loop's thread while the median of the store's last
-#: ``_DISK_SAMPLES`` durable commits took under this: the loop then waits for the disk about as long
-#: as it runs the ledger's own Python for a call, and less than a hop to the store's thread and back
-#: costs. A slower disk (busy, networked, a cloud volume) sends them to the store's thread again;
-#: until ``_DISK_SAMPLES_FIRST`` commits have been timed there, they go there.
+#: A lone intent at FULL commits on the event loop's thread once the store's last
+#: ``_FAST_IN_A_ROW`` lone durable commits each took under this: the loop then waits for the disk
+#: about as long as it runs the ledger's own Python for a call, and less than a hop to the store's
+#: thread and back costs. The first one over it sends them to the store's thread again (the loop
+#: waits for one slow fsync at most), where they are timed until that many in a row are fast.
 INLINE_FSYNC_MAX_US = 1_000
-_DISK_SAMPLES = 16
-_DISK_SAMPLES_FIRST = 4
+_FAST_IN_A_ROW = 16
 #: How long a write waits for a file another process has locked (on the store's thread).
 BUSY_TIMEOUT_MS = 30_000
 #: How long the WAL-bounding checkpoint waits for readers of another process before trying later.
@@ -320,10 +318,9 @@ class Store:
         # The results of the last transaction once its COMMIT returned (None before): set under the writer.
         self._committed: list[Any] | None = None
         self._reading = threading.Lock()
-        # How long the last durable commits took, wherever they ran (microseconds), and whether
-        # the disk is fast enough for a lone one on the loop's thread (``INLINE_FSYNC_MAX_US``).
-        self._durable_us: collections.deque[float] = collections.deque(maxlen=_DISK_SAMPLES)
-        self._fsync_inline = False
+        # How many lone durable commits in a row, wherever they ran, took under
+        # ``INLINE_FSYNC_MAX_US``: from ``_FAST_IN_A_ROW`` on, a lone intent commits on the loop's thread.
+        self._fast_in_a_row = 0
         try:
             self._home: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -752,16 +749,13 @@ class Store:
     def _waits_for_disk(self, ops: Sequence[_Op]) -> bool:
         """Whether committing ``ops`` would make the loop wait for a slow disk: an fsync (an intent
         at FULL) while the disk's recent durable commits were slow, or not timed yet."""
-        if self.durability is not Durability.FULL or self._fsync_inline:
+        if self.durability is not Durability.FULL or self._fast_in_a_row >= _FAST_IN_A_ROW:
             return False
         return any(isinstance(op, _Write) and op.durable for op in ops)
 
     def _durable_took(self, us: float) -> None:
-        """Time one durable commit (``INLINE_FSYNC_MAX_US``). Called holding the writer."""
-        seen = self._durable_us
-        seen.append(us)
-        if len(seen) >= _DISK_SAMPLES_FIRST:
-            self._fsync_inline = sorted(seen)[len(seen) // 2] < INLINE_FSYNC_MAX_US
+        """Time one lone durable commit (``INLINE_FSYNC_MAX_US``). Called holding the writer."""
+        self._fast_in_a_row = self._fast_in_a_row + 1 if us < INLINE_FSYNC_MAX_US else 0
 
     def _waiting(self, fn: Callable[[Any], Any], arg: Any) -> Any:
         """``fn(arg)`` on the store's thread, waiting for a locked file. Tried at once first (a file
@@ -799,7 +793,8 @@ class Store:
                 self._sync_level = None
                 conn.execute(f"PRAGMA synchronous={level}")
                 self._sync_level = level
-            started = time.perf_counter() if level == "FULL" else None
+            # A lone intent's commit is timed: its fsync is what decides where the next one runs.
+            started = time.perf_counter() if level == "FULL" and len(ops) == 1 else None
         else:
             started = None
         self._committed = None

@@ -100,21 +100,31 @@ linux_only = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CP
 
 
 @linux_only
-def test_the_hand_off_stays_on_the_callers_cpu_and_the_callers_mask_comes_back(tmp_path: Path) -> None:
-    """While its call runs, the caller waits pinned to the CPU it was on, and the call thread runs
-    there too (``_OneCore``); afterwards the caller's own mask is what it was, also when its call
-    was cut off at the deadline."""
+def test_the_hand_off_stays_on_the_callers_cpu_and_nothing_stays_pinned(tmp_path: Path) -> None:
+    """While its call runs, the caller waits pinned to the CPU it was on (``_OneCore``), and the
+    call's thread, woken there, runs the call with the caller's own mask (a thread the call
+    starts inherits that, not one CPU); afterwards the caller's mask is what it was, also when its
+    call was cut off at the deadline."""
     caller = threading.get_native_id()
     mine = os.sched_getaffinity(0)
-    seen: list[tuple[set[int], set[int]]] = []
+    if len(mine) < 2:
+        pytest.skip("one CPU allowed: there is no other core to stay off")
+    seen: list[tuple[set[int], set[int], set[int]]] = []
     release = threading.Event()
 
+    def observe() -> None:
+        inherited: list[set[int]] = []
+        child = threading.Thread(target=lambda: inherited.append(os.sched_getaffinity(0)))
+        child.start()
+        child.join(10)
+        seen.append((os.sched_getaffinity(caller), os.sched_getaffinity(0), inherited[0]))
+
     def call(key: str) -> dict[str, str]:
-        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(caller)))
+        observe()
         return {"id": "re_1"}
 
     def hangs(key: str) -> None:
-        seen.append((os.sched_getaffinity(0), os.sched_getaffinity(caller)))
+        observe()
         release.wait(60)
 
     with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
@@ -128,8 +138,37 @@ def test_the_hand_off_stays_on_the_callers_cpu_and_the_callers_mask_comes_back(t
         finally:
             release.set()
     assert len(seen) == 4
-    for call_mask, caller_mask in seen:
-        assert len(call_mask) == 1 and call_mask == caller_mask and call_mask <= mine, seen
+    for waiting_caller, call_thread, started_by_the_call in seen:
+        assert len(waiting_caller) == 1 and waiting_caller <= mine, seen
+        assert call_thread == mine and started_by_the_call == mine, seen
+
+
+@linux_only
+def test_an_interruption_right_after_the_pin_still_gives_the_caller_its_mask_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal handler that raises (a second Ctrl-C, a SIGTERM turned into SystemExit) as the
+    system call that pins the caller returns: the caller's mask comes back all the same."""
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        pytest.skip("one CPU allowed: the caller is never pinned")
+    real = os.sched_setaffinity
+    raised: list[bool] = []
+
+    def then_interrupted(pid: int, mask: Any) -> None:
+        real(pid, mask)
+        if pid == 0 and len(mask) == 1 and not raised:
+            raised.append(True)
+            raise KeyboardInterrupt
+
+    with SyncLedger.open(str(tmp_path / "e.db"), targets=[Target("payments")]) as ledger:
+        execute(ledger, "warm", lambda key: {"id": "re_0"})  # a call thread to hand off to
+        monkeypatch.setattr(os, "sched_setaffinity", then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            execute(ledger, "s", lambda key: {"id": "re_1"})
+        monkeypatch.undo()
+        assert raised and os.sched_getaffinity(0) == mine
+        assert execute(ledger, "after", lambda key: {"id": "re_2"}).called
 
 
 @linux_only

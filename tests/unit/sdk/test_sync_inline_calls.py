@@ -73,6 +73,24 @@ def test_an_inline_call_may_run_an_event_loop_of_its_own(tmp_path: Path) -> None
         assert ledger.get(execute(ledger, lambda key: {"id": "re_3"}, step="s3").effect_id).state is State.CONFIRMED  # type: ignore[union-attr]
 
 
+def test_an_inline_call_that_runs_a_coroutine_leaves_the_threads_current_loop_alone(tmp_path: Path) -> None:
+    """A call that returns a coroutine is run on a loop of its own, which is never made the
+    thread's current loop: an application's ``asyncio.set_event_loop`` stands after the call."""
+
+    async def answer() -> dict[str, str]:
+        return {"id": "re_1"}
+
+    app_loop = asyncio.new_event_loop()
+    try:
+        asyncio.set_event_loop(app_loop)
+        with open_inline(tmp_path) as ledger:
+            assert execute(ledger, lambda key: answer()).receipt_id == "re_1"
+        assert asyncio.get_event_loop() is app_loop
+    finally:
+        asyncio.set_event_loop(None)
+        app_loop.close()
+
+
 def test_an_operation_from_inside_an_inline_call_goes_to_the_ledgers_loop(tmp_path: Path) -> None:
     """The caller's loop is busy with the call: an operation the call makes on the same ledger
     (a read, another effect) is answered by the ledger's own loop, not a deadlock."""
