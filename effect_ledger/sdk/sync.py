@@ -641,6 +641,7 @@ class _OneCore:
                 pass
 
 
+@functools.cache
 def _sched_getcpu() -> Callable[[], int] | None:
     """libc's ``sched_getcpu`` (Linux), or None where there is none to call."""
     if not hasattr(os, "sched_setaffinity"):
@@ -655,14 +656,9 @@ def _sched_getcpu() -> Callable[[], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-_GETCPU: list[Callable[[], int] | None] = []  # made on first use
-
-
 def _this_cpu() -> int | None:
     """The CPU this thread runs on, or None when it cannot be told."""
-    if not _GETCPU:
-        _GETCPU.append(_sched_getcpu())
-    getcpu = _GETCPU[0]
+    getcpu = _sched_getcpu()  # made on first use
     if getcpu is None:
         return None
     cpu = getcpu()

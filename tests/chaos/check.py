@@ -203,7 +203,7 @@ class HistoryTail:
                     self.started[k].append(float(r["t"]))
                 elif self.started[k]:
                     t = self.started[k].pop(0)
-                    if r["op"] == "ok" or (r["key"].startswith("race.") and r.get("error") == "EffectConflict"):
+                    if answered(r["op"], r["key"], r.get("error")):
                         self.last_completed_start[host] = max(t, self.last_completed_start.get(host, t))
 
     def recovered_since(self, t: float) -> bool:
@@ -212,10 +212,15 @@ class HistoryTail:
         return all(self.last_completed_start.get(h, -1.0) >= t for h in self.paths)
 
 
-def completed(o: Op) -> bool:
+def answered(kind: str, key: str, error: str | None) -> bool:
     """A call the system answered for good: a receipt, or on a racing key the conflict the loser of
     the race must get."""
-    return o.kind == "ok" or (o.key.startswith("race.") and o.error == "EffectConflict")
+    return kind == "ok" or (key.startswith("race.") and error == "EffectConflict")
+
+
+def completed(o: Op) -> bool:
+    """``answered``, for an operation of a history."""
+    return answered(o.kind, o.key, o.error)
 
 
 def availability(w: Window, ops: list[Op]) -> dict[str, Any]:
