@@ -45,11 +45,16 @@ def refund(gateway: str, key: str) -> dict[str, Any]:
 
 
 TIMEOUT_S = float(os.environ.get("CLAIM_AGENT_TIMEOUT_S", "30"))  # each execute's timeout
+# The ledger's confirm_within (s), else its default.
+_CONFIRM_S = os.environ.get("CLAIM_AGENT_CONFIRM_WITHIN_S")
+CONFIRM = {"confirm_within": float(_CONFIRM_S)} if _CONFIRM_S else {}
 
 
 async def main(db: str, bootstrap: str, prefix: str, partitions: int, lookup: str, gateway: str) -> None:
     cfg = KafkaConfig(bootstrap=bootstrap, prefix=prefix, partitions=partitions)
-    async with await Ledger.open(db, targets=[Target("payments")], kafka=cfg, sync=True, lookup=lookup) as ledger:
+    async with await Ledger.open(
+        db, targets=[Target("payments")], kafka=cfg, sync=True, lookup=lookup, **CONFIRM
+    ) as ledger:
         print(json.dumps({"ready": ledger.worker}), flush=True)
         while True:
             line = await asyncio.to_thread(sys.stdin.readline)
@@ -99,7 +104,14 @@ class AgentProcess:
     with a deadline (a reader thread, so a hung agent fails the test instead of hanging it)."""
 
     def __init__(
-        self, db: str, cfg: KafkaConfig, lookup: str, gateway: str, log_path: str, timeout_s: float | None = None
+        self,
+        db: str,
+        cfg: KafkaConfig,
+        lookup: str,
+        gateway: str,
+        log_path: str,
+        timeout_s: float | None = None,
+        confirm_within: float | None = None,
     ) -> None:
         import subprocess
 
@@ -108,7 +120,8 @@ class AgentProcess:
             [sys.executable, "-m", "tests.claim_agent", db, cfg.bootstrap, cfg.prefix, str(cfg.partitions),
              lookup, gateway],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, **({"CLAIM_AGENT_TIMEOUT_S": str(timeout_s)} if timeout_s is not None else {})},
+            env={**os.environ, **({"CLAIM_AGENT_TIMEOUT_S": str(timeout_s)} if timeout_s is not None else {}),
+                 **({"CLAIM_AGENT_CONFIRM_WITHIN_S": str(confirm_within)} if confirm_within is not None else {})},
         )  # fmt: skip
         import queue
         import threading

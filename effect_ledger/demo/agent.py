@@ -29,7 +29,7 @@ from effect_ledger.demo.client import GatewayClient, RefundRejected
 from effect_ledger.demo.gateway import KINDS
 from effect_ledger.errors import EffectInProgress, EffectUncertain, LedgerUnavailable
 from effect_ledger.sdk import crashpoints
-from effect_ledger.sdk.ledger import Confirmation, Ledger
+from effect_ledger.sdk.ledger import DEFAULT_CONFIRM_WITHIN_S, Confirmation, Ledger
 from effect_ledger.sdk.sync import SyncLedger
 from effect_ledger.streams.config import KafkaConfig
 from effect_ledger.targets.load import parse_targets
@@ -77,6 +77,7 @@ async def run_ledger(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
         targets=args.targets or [payments_target(args.gateway, args.kind)],
         kafka=kafka,
         sync=kafka is not None,
+        confirm_within=args.confirm_within,
         lookup=args.lookup,
     ) as ledger:
         async with GatewayClient(args.gateway) as gw:
@@ -180,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--amount", type=int, default=4800)
     p.add_argument("--run-id", default="run-1")
     p.add_argument("--timeout", type=float, default=2.0)
+    p.add_argument(
+        "--confirm-within", type=float, default=DEFAULT_CONFIRM_WITHIN_S,
+        help="Kafka mode: seconds an intent may wait for the broker and the processor, on top of --timeout",
+    )  # fmt: skip
     p.add_argument("--patience", type=float, default=30.0)
     p.add_argument("--kafka", default=None, help="Kafka mode: bootstrap servers")
     p.add_argument("--prefix", default=None, help="Kafka mode: topic prefix")

@@ -148,6 +148,7 @@ class Executor:
         relay: Relay | None = None,
         lookup: ProcessorLookup | None = None,
         sync_timeout: float | None = None,
+        confirm_within: float = 0.0,
         keyring: Keyring | None = None,
     ) -> None:
         self.store = store
@@ -161,6 +162,9 @@ class Executor:
         self.relay = relay
         self.lookup = lookup
         self.sync_timeout = sync_timeout
+        # What an attempt's deadline adds to its call's timeout for the broker's acknowledgement and
+        # the processor's verdict: only when the call waits for them (``sync``).
+        self.confirm_within = confirm_within if sync_timeout is not None else 0.0
         # Who this ledger object is to claims, and the keys it is executing: another ledger of this
         # process treats its claims as live only while it is open and has the key in flight.
         self.local = LocalWorker()
@@ -359,11 +363,12 @@ class Executor:
         crashpoints.reached(crashpoints.BEFORE_INTENT)
         await self._refuse_if_forbidden()
         now = self.clock()
-        # The timeout counts from the intent, on this process's monotonic clock: the call gets only
-        # what is left of it once the broker and the processor have answered (see ``_call``).
+        # The deadline counts from the intent, on this process's monotonic clock: the confirmations'
+        # allowance (``confirm_within``) and the call's timeout; the call gets its timeout, or what
+        # is left of the deadline once the broker and the processor have answered (``_call``).
         written = time.monotonic()
         attempt = step.attempt
-        deadline = call_deadline_ms(now, spec.timeout)
+        deadline = call_deadline_ms(now, spec.timeout + self.confirm_within)
         intent = Intent(
             event_id=new_event_id(),
             effect_id=key,
@@ -424,7 +429,7 @@ class Executor:
             if effect.state is State.CONFIRMED:  # another host's attempt won, and has its receipt
                 return confirmation_of(effect, called=False)
         crashpoints.reached(crashpoints.AFTER_INTENT)
-        left = spec.timeout - (time.monotonic() - written)
+        left = min(spec.timeout, spec.timeout + self.confirm_within - (time.monotonic() - written))
         return await self._call(key, effect, attempt, spec, call, left, took)
 
     async def _refuse_if_forbidden(self) -> None:
@@ -488,7 +493,8 @@ class Executor:
         self, key: str, effect: Effect, attempt: int, spec: CallSpec, call: Call, left_s: float,
         took: dict[str, float] | None = None,
     ) -> Confirmation:  # fmt: skip
-        """Call the destination for at most ``left_s``: what is left of the intent's timeout. Every
+        """Call the destination for at most ``left_s``: its timeout, or what is left of the intent's
+        deadline (the timeout after ``confirm_within`` for the confirmations) if less. Every
         other writer counts the attempt's deadline from the intent, so a call that started later
         with the whole timeout could land after they were told it no longer can. Nothing left: no
         call; the attempt is FAILED (nothing was sent) and ``LedgerUnavailable`` raised.
@@ -502,10 +508,13 @@ class Executor:
         least = spec.timeout * _LEAST_CALL_SHARE if self.sync_timeout is not None else 0.0
         if left_s <= 0 or left_s < least:
             when = ", ".join(f"{who} after {s:.1f} s" for who, s in (took or {}).items())
+            allowed = f"{spec.timeout:g} s timeout" + (
+                f" (after {self.confirm_within:g} s for the confirmations)" if self.confirm_within else ""
+            )
             what = (
-                f"the intent's {spec.timeout:g} s timeout passed"
+                f"the intent's deadline, its {allowed}, passed"
                 if left_s <= 0
-                else f"only {left_s:.2f} s of the intent's {spec.timeout:g} s timeout was left"
+                else f"only {left_s:.2f} s of the intent's {allowed} was left"
             )
             reason = (
                 f"not called: {what} while the broker and the processor confirmed it ({when or 'no answer in time'})"

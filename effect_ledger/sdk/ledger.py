@@ -86,6 +86,17 @@ DEFAULT_TIMEOUT_S = 10.0
 #: cluster fences a silent broker after ``broker.session.timeout.ms``, 9 s by default, then the
 #: client's request to it times out) fits in it.
 DEFAULT_SYNC_TIMEOUT_S = 30.0
+#: In Kafka mode with ``sync``: how long an attempt may wait for the broker's acknowledgement and
+#: the processor's verdict before its call, on top of the call's timeout (seconds). The intent's
+#: deadline is its timeout plus this, so a call confirmed late still gets its whole timeout: a
+#: broker that dies stops every ``acks=all`` write for ``broker.session.timeout.ms`` (4 s on the
+#: cluster ``make chaos`` runs, 9 s by Kafka's default) and the processor's writes with them, and
+#: an attempt whose confirmation came in that window used to be refused, written again and folded
+#: again (``make chaos``: 3-60 % of calls completed while a broker was down). The cost: an agent that
+#: dies right after its intent leaves an effect that becomes UNCERTAIN this much later.
+DEFAULT_CONFIRM_WITHIN_S = 10.0
+#: The most ``confirm_within`` may be (seconds).
+MAX_CONFIRM_WITHIN_S = 600.0
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
@@ -104,10 +115,12 @@ class Ledger:
         relay: Relay | None = None,
         lookup: ProcessorLookup | None = None,
         sync_timeout: float | None = None,
+        confirm_within: float = 0.0,
         metrics_server: Any = None,
         keyring: Keyring | None = None,
     ) -> None:
         """A ledger on an open ``store``. ``sync_timeout`` None: intents do not wait for the broker;
+        ``confirm_within``: see ``open`` (used only with ``sync_timeout``);
         ``metrics_server`` is shut down by ``close``; ``keyring`` holds the keys of encrypted request
         bodies (default: the file's; in Kafka mode ``open`` gives the effects.keys topic's, so that
         one ``effects erase`` reaches every host)."""
@@ -121,8 +134,9 @@ class Ledger:
         self._metrics_server = metrics_server
         self.keyring: Keyring = keyring if keyring is not None else FileKeyring(store)
         self._executor = Executor(
-            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout, keyring=self.keyring
-        )
+            store, clock, self._targets, relay=relay, lookup=lookup, sync_timeout=sync_timeout,
+            confirm_within=confirm_within, keyring=self.keyring,
+        )  # fmt: skip
         self.worker = self._executor.worker
         for t in targets:
             self.register(t)
@@ -140,6 +154,7 @@ class Ledger:
         kafka: KafkaConfig | str | None = None,
         sync: bool = False,
         sync_timeout: float = DEFAULT_SYNC_TIMEOUT_S,
+        confirm_within: float = DEFAULT_CONFIRM_WITHIN_S,
         lookup: str | Sequence[str] | None = None,
         lookup_token: str | None = None,
         metrics: Any = None,
@@ -160,7 +175,12 @@ class Ledger:
         outbox, relayed to ``effects.events`` by a task of this event loop. ``sync=True`` waits for
         the broker to acknowledge the intent before the destination is called (at most
         ``sync_timeout`` s; then the effect is FAILED without a call; a refusal that passes by itself, a
-        broker failover or a processor catching up, is tried again within it). ``lookup`` is the ledger
+        broker failover or a processor catching up, is tried again within it). With ``sync``, an
+        attempt's deadline (in its intent) is its call's timeout plus ``confirm_within`` s: the
+        broker's acknowledgement and the processor's verdict may take that long (a broker failover
+        stops every ``acks=all`` write for the cluster's ``broker.session.timeout.ms``) and the call
+        still gets its whole timeout; a confirmation later than that leaves the call less, or none
+        (the attempt is then FAILED with nothing sent, and tried again). ``lookup`` is the ledger
         processor's URL: a key this file does not know, or knows only as open, is looked up there
         first, so an agent restarted on another host sees what its predecessor did. Name several
         workers (a list, or URLs separated by commas) and a worker that cannot answer (paused, cut
@@ -181,6 +201,14 @@ class Ledger:
         one on ``127.0.0.1:PORT/metrics`` until ``close``.
         """
         path, level = _checked_open(path, durability, targets)  # typed errors, nothing touched yet
+        if (
+            isinstance(confirm_within, bool)
+            or not isinstance(confirm_within, int | float)
+            or not 0 <= confirm_within <= MAX_CONFIRM_WITHIN_S
+        ):
+            raise ConfigError(
+                f"confirm_within must be a number of seconds from 0 to {MAX_CONFIRM_WITHIN_S:g}, not {confirm_within!r}"
+            )
         if lookup is not None:
             from effect_ledger.sdk.kafka.lookup import lookup_urls
 
@@ -241,6 +269,7 @@ class Ledger:
             relay=relay,
             lookup=processor,
             sync_timeout=sync_timeout if sync else None,
+            confirm_within=float(confirm_within),
             metrics_server=server,
             keyring=keyring,
         )

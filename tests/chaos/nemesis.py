@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from confluent_kafka.admin import AdminClient
 
+from effect_ledger.sdk.ledger import DEFAULT_CONFIRM_WITHIN_S
 from tests.chaos import net
 from tests.chaos.takeover import unfinished
 from tests.chaos.world import World
@@ -141,7 +142,9 @@ class Nemesis:
             while not unfinished(str(pending)) and time.monotonic() < end:
                 time.sleep(0.005)
             child.pause()
-            after = w.timeout + 2.0 + 1.5  # the deadline, the default lands_within, the timer's grace
+            # the deadline (the confirmations' allowance and the timeout), the default lands_within,
+            # the timer's grace
+            after = DEFAULT_CONFIRM_WITHIN_S + w.timeout + 2.0 + 1.5
             return Fault(kind, f"SIGSTOP {child.name}, its unfinished calls taken over", lambda: (child.resume(),
                          f"{child.name} resumed")[1], later=(after, lambda: w.start_takeover("b"),
                          "a successor takes over b's unfinished calls"), min_hold_s=after + 10)  # fmt: skip

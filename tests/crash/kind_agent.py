@@ -77,7 +77,12 @@ async def run(args: argparse.Namespace) -> tuple[int, dict[str, Any]]:
     kafka = KafkaConfig.from_env(bootstrap=args.kafka, prefix=args.prefix) if args.kafka else None
     db = str(Path(args.workdir) / "effects.db")
     async with await Ledger.open(
-        db, targets=str(targets), kafka=kafka, sync=kafka is not None, lookup=args.lookup
+        db,
+        targets=str(targets),
+        kafka=kafka,
+        sync=kafka is not None,
+        lookup=args.lookup,
+        confirm_within=1.0,  # the deadline adds little to the short --timeout: the cells wait little
     ) as ledger:
         place = ledger.target(TARGET[args.kind]).reconciler.place  # type: ignore[union-attr]
         send = _pay if args.kind == "payment" else _open_ticket

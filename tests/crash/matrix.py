@@ -38,6 +38,7 @@ from effect_ledger.sdk.runner import Runner
 from effect_ledger.streams.codec import default_codec
 
 CALL_TIMEOUT = 1.0  # the agent's call deadline: short, so after_intent cells wait little
+CONFIRM_WITHIN = 1.0  # Kafka mode: what the deadline adds for the confirmations (as short, likewise)
 
 
 @dataclass
@@ -94,7 +95,7 @@ def _agent(
     cmd = [sys.executable, "-m", "effect_ledger.demo.agent", "--mode", mode, "--workdir", str(workdir)]
     cmd += ["--gateway", url, "--kind", kind, "--timeout", str(CALL_TIMEOUT), "--patience", "30", "--run-id", run_id]
     if kafka is not None and mode != "naive":
-        cmd += kafka.args()
+        cmd += [*kafka.args(), "--confirm-within", str(CONFIRM_WITHIN)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     lines = p.stdout.strip().splitlines()
     if p.returncode not in (0, 3, 4, 5, -signal.SIGKILL):

@@ -33,17 +33,19 @@ class LateVerdict:
 
 
 def verdict_held_back(cfg: KafkaConfig, tmp_path: Path, timeout_s: float, held_s: float,
-                      next_call: tuple[str, float] | None = None) -> LateVerdict:  # fmt: skip
+                      next_call: tuple[str, float] | None = None,
+                      confirm_within: float = 0.0) -> LateVerdict:  # fmt: skip
     """A first attempt rejected (so the next is planned from the file alone, with no lookup before
     its intent: the processor is asked only for the verdict); that next attempt's (``held``) verdict
     held back ``held_s`` after it was asked for; ``next_call``: a gateway failure mode for the next
-    call (``late``...)."""
+    call (``late``...); ``confirm_within``: the agent's ledger's (0: the deadline is the call's
+    timeout alone, where a late verdict is felt soonest)."""
     proc = Processor(cfg, tmp_path / "data")
     key = f"late-{uuid.uuid4().hex[:8]}"
     with Gateway("none") as gateway, running(proc):
         proc.wait_ready()
         agent = AgentProcess(str(tmp_path / "host.db"), cfg, proc.url, gateway.url, str(tmp_path / "host.log"),
-                             timeout_s=timeout_s)  # fmt: skip
+                             timeout_s=timeout_s, confirm_within=confirm_within)  # fmt: skip
         assert proc.proc is not None
         try:
             gateway.state.failures.append(("reject", 0.0))

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.ledger import DEFAULT_CONFIRM_WITHIN_S, Ledger
 from effect_ledger.streams.admin import delete_topics, ensure_topics
 from effect_ledger.streams.codec import default_codec
 from effect_ledger.streams.config import KafkaConfig
@@ -125,6 +125,8 @@ class TestKafkaLedger(LedgerContract):
         # Also covers files written only by child processes (the race), which this class never closes.
         left = {p: unsent_rows(p) for p in self.files if Path(p).exists()}
         assert {p: rows for p, rows in left.items() if rows} == {}, "outbox not drained after the test"
+
+    deadline_extra_ms = int(DEFAULT_CONFIRM_WITHIN_S * 1000)  # sync=True, the default confirm_within
 
     async def open_ledger(self, path: str, **kwargs: Any) -> Ledger:
         kwargs.setdefault("targets", DECLARED)

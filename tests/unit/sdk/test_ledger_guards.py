@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from effect_ledger.core.reconcile import Absent, Target
-from effect_ledger.errors import EffectInProgress
+from effect_ledger.errors import ConfigError, EffectInProgress
 from effect_ledger.sdk.ledger import Ledger
 from tests.faults._common import execute
 from tests.sdk_contract import KEY, TARGET, Destination, FakeClock, reconciler_of, run
@@ -71,3 +71,13 @@ def test_open_accepts_an_empty_file_and_reopens_its_own_ledger(tmp_path: Path) -
 
     run(body())
     assert dest.calls == [KEY]
+
+
+@pytest.mark.parametrize("confirm_within", [-1, 601, float("nan"), "10", True])
+def test_open_refuses_a_confirm_within_out_of_bounds_before_touching_the_file(
+    tmp_path: Path, confirm_within: Any
+) -> None:
+    path = tmp_path / "effects.db"
+    with pytest.raises(ConfigError, match="confirm_within must be a number of seconds from 0 to 600"):
+        asyncio.run(Ledger.open(str(path), targets=[Target(TARGET)], confirm_within=confirm_within))
+    assert not path.exists()
