@@ -525,8 +525,11 @@ class Executor:
             raise _Passing(LedgerUnavailable(f"{reason}; execute again", passing=True), attempted=True)
         started = self.clock()
         try:
-            async with asyncio.timeout(left_s):
-                value = await maybe_await(call.within(key, left_s) if isinstance(call, TimedCall) else call(key))
+            if isinstance(call, TimedCall):
+                value = call.within(key, left_s)  # keeps its own time (no timer on a loop it blocks)
+            else:
+                async with asyncio.timeout(left_s):
+                    value = await maybe_await(call(key))
         except BaseException as e:
             if target.rejects(e):
                 await self._after_call(effect, attempt, Outcome.FAILED, f"{type(e).__name__}: {e}", started)

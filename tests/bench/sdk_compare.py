@@ -1,5 +1,7 @@
-"""``python -m tests.bench.sdk_compare --baseline DIR``: ``Ledger.execute`` of this tree beside
-another build of effect-ledger (today's main, say), measured in the same run, interleaved.
+"""``python -m tests.bench.sdk_compare --baseline DIR``: ``Ledger.execute`` and ``SyncLedger.execute``
+(with a call thread, and with ``inline_calls``) of this tree beside another build of effect-ledger
+(today's main, say), measured in the same run, interleaved; for each build, also the sync rows'
+ratio to its own ``Ledger.execute`` (issue 36's target for them).
 
 ``DIR`` holds an ``effect_ledger`` package of the other build (its ``streams``, ``processors`` and
 ``schemas`` folders linked in, as ``make lint`` does for mypy), for example::
@@ -33,7 +35,13 @@ from pathlib import Path
 from typing import Any
 
 PROBE = Path(__file__).with_name("sdk_probe.py")
-ROWS = [("sequential", "NORMAL"), ("sequential", "FULL"), ("concurrent", "NORMAL")]
+ROWS = [
+    ("sequential", "NORMAL"),
+    ("sequential", "FULL"),
+    ("concurrent", "NORMAL"),
+    ("sync", "NORMAL"),  # SyncLedger.execute, sequential, with a call thread
+    ("sync-inline", "NORMAL"),  # the same with inline_calls
+]
 
 
 def probe(mode: str, durability: str, n: int, path: Path, pythonpath: str | None, *flags: str) -> dict[str, Any]:
@@ -64,13 +72,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=Path.cwd()) as tmp:
         for rep in range(args.reps):
             for mode, dur in ROWS:
-                n = args.n if mode == "sequential" else args.n_concurrent
+                n = args.n_concurrent if mode == "concurrent" else args.n
                 for build, pp in (("baseline", args.baseline), ("this", None)):
                     timed = ("--parts",) if build == "this" and (mode, dur) == ("sequential", "FULL") else ()
                     r = probe(mode, dur, n, Path(tmp) / f"{build}-{mode}-{dur}-{rep}.db", pp, *timed)
                     for part, us in r.get("parts", {}).items():
                         parts.setdefault(part, []).append(us)
-                    value = r["us_per_effect"] if mode == "sequential" else r["effects_per_s"]
+                    value = r["effects_per_s"] if mode == "concurrent" else r["us_per_effect"]
                     runs.setdefault((mode, dur, build), []).append(value)
                     cpu.setdefault((mode, dur, build), []).append(r["cpu_us_per_effect"])
                     print(f"rep {rep + 1}: {mode} {dur} {build}: {value:,.0f}", file=sys.stderr)
@@ -82,7 +90,7 @@ def main() -> None:
     head = f"{'row':<22} {'baseline':>12} {'this':>12} {'ratio':>7}"
     print(f"{head}   {'CPU us/effect: baseline':>24} {'this':>6} {'ratio':>6}")
     for mode, dur in ROWS:
-        unit = "us/effect" if mode == "sequential" else "effects/s"
+        unit = "effects/s" if mode == "concurrent" else "us/effect"
         b_runs, t_runs = runs[(mode, dur, "baseline")], runs[(mode, dur, "this")]
         base, this = statistics.median(b_runs), statistics.median(t_runs)
         ratio = statistics.median(t / b for t, b in zip(t_runs, b_runs, strict=True))
@@ -91,6 +99,18 @@ def main() -> None:
         print(
             f"{mode + ' ' + dur:<22} {base:>12,.0f} {this:>12,.0f} {ratio:>6.2f}x   {statistics.median(b_cpu):>24,.0f} "
             f"{statistics.median(t_cpu):>6,.0f} {cpu_ratio:>5.2f}x  ({unit}, median of {args.reps})"
+        )
+    # The sync rows against each build's own Ledger.execute, as make bench's sdk_peers compares them.
+    for mode in ("sync", "sync-inline"):
+        each = {
+            build: statistics.median(
+                s / a for s, a in zip(runs[(mode, "NORMAL", build)], runs[("sequential", "NORMAL", build)], strict=True)
+            )
+            for build in ("baseline", "this")
+        }
+        print(
+            f"{mode + ' / async':<22} {each['baseline']:>11.2f}x {each['this']:>11.2f}x   "
+            f"SyncLedger.execute over the same build's Ledger.execute, NORMAL (median of {args.reps})"
         )
     nosql = runs[("concurrent", "NORMAL", "no-sql")]
     with_sql = runs[("concurrent", "NORMAL", "this")]

@@ -1,4 +1,6 @@
-"""One measurement of ``Ledger.execute`` in a process of its own, for ``tests.bench.sdk_compare``.
+"""One measurement of ``Ledger.execute`` (or ``SyncLedger.execute``: modes ``sync`` and
+``sync-inline``, sequential, the call a plain function, in the process's main thread as a script's
+would be) in a process of its own, for ``tests.bench.sdk_compare``.
 
 Run as a script (``python tests/bench/sdk_probe.py MODE DURABILITY N FILE``), never as a module: the
 comparison points ``PYTHONPATH`` at another build of ``effect_ledger`` (today's main, say), and a
@@ -26,6 +28,7 @@ from typing import Any
 
 from effect_ledger.core.reconcile import Target
 from effect_ledger.sdk.ledger import Ledger
+from effect_ledger.sdk.sync import SyncLedger
 
 CONCURRENCY = 64
 REQUEST = {"order": "123", "amount": 4800, "currency": "CNY"}
@@ -33,6 +36,47 @@ REQUEST = {"order": "123", "amount": 4800, "currency": "CNY"}
 
 async def _call(key: str) -> dict[str, Any]:
     return {"id": "re_" + key[-12:]}
+
+
+def _sync_call(key: str) -> dict[str, Any]:
+    return {"id": "re_" + key[-12:]}
+
+
+def sync_main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
+    """``SyncLedger.execute``, sequential: with a call thread (``sync``) or ``inline_calls``."""
+    with SyncLedger.open(
+        path, durability=durability, targets=[Target("payments")], inline_calls=mode == "sync-inline"
+    ) as ledger:
+        run = uuid.uuid4().hex
+        for i in range(-100, n):  # the first 100: warm-up
+            if i == 0:
+                c0, t0 = time.process_time(), time.perf_counter()
+            ledger.execute(
+                target="payments", operation="refund.create", run_id=run, step=f"refund-{i}", request=REQUEST,
+                call=_sync_call,
+            )  # fmt: skip
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return _result(elapsed, cpu, n, _confirmed(path))
+
+
+def _confirmed(path: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("SELECT count(*) FROM effects WHERE state = 'CONFIRMED'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def _result(elapsed: float, cpu: float, n: int, confirmed: int) -> dict[str, Any]:
+    """The probe's line: per effect, the 100 of the warm-up left out of ``confirmed``."""
+    return {
+        "us_per_effect": elapsed / n * 1e6,
+        "cpu_us_per_effect": cpu / n * 1e6,
+        "effects_per_s": n / elapsed,
+        "confirmed": confirmed - 100,
+        "n": n,
+        "warmup": 100,
+    }
 
 
 def _without_sql() -> None:
@@ -128,24 +172,11 @@ async def main(mode: str, durability: str, n: int, path: str, snapshot: str | No
             shutil.copyfile(path + "-wal", snapshot + "-wal")
     finally:
         await ledger.close()
-    if NO_SQL:
-        confirmed = n + 100  # nothing was written: there is nothing to count
-    else:
-        conn = sqlite3.connect(path)
-        confirmed = conn.execute("SELECT count(*) FROM effects WHERE state = 'CONFIRMED'").fetchone()[0]
-        conn.close()
+    confirmed = n + 100 if NO_SQL else _confirmed(path)  # nothing written with no SQL: nothing to count
     parts = {f"{k}_us": statistics.median(v) * 1e6 for k, v in PARTS.items() if v and k != "intent_on_loop"}
     if PARTS["intent_on_loop"]:
         parts["intent_on_loop_share"] = statistics.fmean(PARTS["intent_on_loop"])
-    return {
-        **({"parts": parts} if parts else {}),
-        "us_per_effect": elapsed / n * 1e6,
-        "cpu_us_per_effect": cpu / n * 1e6,
-        "effects_per_s": n / elapsed,
-        "confirmed": confirmed - 100,
-        "n": n,
-        "warmup": 100,
-    }
+    return {**({"parts": parts} if parts else {}), **_result(elapsed, cpu, n, confirmed)}
 
 
 NO_SQL = False
@@ -158,4 +189,7 @@ if __name__ == "__main__":
     if "--parts" in sys.argv[5:]:
         _timed_parts()
     snapshot = next((a.split("=", 1)[1] for a in sys.argv[5:] if a.startswith("--snapshot=")), None)
-    print(json.dumps(asyncio.run(main(mode, durability, n, path, snapshot))))
+    if mode.startswith("sync"):
+        print(json.dumps(sync_main(mode, durability, n, path)))
+    else:
+        print(json.dumps(asyncio.run(main(mode, durability, n, path, snapshot))))

@@ -26,6 +26,7 @@ from effect_ledger import SyncLedger
 from effect_ledger.core.effect import Effect
 from effect_ledger.core.keys import effect_key
 from effect_ledger.core.model import Event, State
+from effect_ledger.errors import EffectUncertain
 from effect_ledger.sdk import sync as sync_module
 from effect_ledger.sdk.store.sqlite import Durability
 from tests.sdk_contract import DECLARED, OPERATION, REQUEST, TARGET, wait_until
@@ -305,3 +306,26 @@ def test_a_signal_handler_that_closes_the_ledger_does_not_wait_for_its_own_threa
     ``EffectUncertain``, the intent left for reconciliation), instead of waiting for ever."""
     out = _signalled(tmp_path, "close")
     assert out["first"] == "EffectUncertain", out
+
+
+def test_an_operation_on_the_callers_loop_leaves_no_loop_running_in_the_thread(tmp_path: Path) -> None:
+    """After an operation on the caller's own loop, and after one whose call raised, the thread runs
+    no loop, and a loop of the application's runs there."""
+    with SyncLedger.open(str(tmp_path / "effects.db"), targets=DECLARED) as ledger:
+        first = execute(ledger, "first")
+        assert asyncio._get_running_loop() is None
+
+        def refused(key: str) -> dict[str, str]:
+            raise ValueError("declined")
+
+        with pytest.raises(EffectUncertain):
+            ledger.execute(target=TARGET, operation=OPERATION, request={"n": 2}, call=refused, key="k-refused")
+        assert asyncio._get_running_loop() is None
+
+        async def applications_own() -> asyncio.AbstractEventLoop:
+            await asyncio.sleep(0)
+            return asyncio.get_running_loop()
+
+        assert asyncio.run(applications_own()) is not sync_module._thread_loop()
+        after = execute(ledger, "after the application's loop")
+        assert ledger.get(first.effect_id) is not None and ledger.get(after.effect_id) is not None
