@@ -31,15 +31,16 @@ from effect_ledger.sdk.ledger import Ledger
 from effect_ledger.sdk.sync import SyncLedger
 
 CONCURRENCY = 64
+WARMUP = 100  # effects executed before the clock starts, in every mode
 REQUEST = {"order": "123", "amount": 4800, "currency": "CNY"}
-
-
-async def _call(key: str) -> dict[str, Any]:
-    return {"id": "re_" + key[-12:]}
 
 
 def _sync_call(key: str) -> dict[str, Any]:
     return {"id": "re_" + key[-12:]}
+
+
+async def _call(key: str) -> dict[str, Any]:
+    return _sync_call(key)
 
 
 def sync_main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def sync_main(mode: str, durability: str, n: int, path: str) -> dict[str, Any]:
         path, durability=durability, targets=[Target("payments")], inline_calls=mode == "sync-inline"
     ) as ledger:
         run = uuid.uuid4().hex
-        for i in range(-100, n):  # the first 100: warm-up
+        for i in range(-WARMUP, n):
             if i == 0:
                 c0, t0 = time.process_time(), time.perf_counter()
             ledger.execute(
@@ -68,14 +69,14 @@ def _confirmed(path: str) -> int:
 
 
 def _result(elapsed: float, cpu: float, n: int, confirmed: int) -> dict[str, Any]:
-    """The probe's line: per effect, the 100 of the warm-up left out of ``confirmed``."""
+    """The probe's line: per effect, the warm-up left out of ``confirmed``."""
     return {
         "us_per_effect": elapsed / n * 1e6,
         "cpu_us_per_effect": cpu / n * 1e6,
         "effects_per_s": n / elapsed,
-        "confirmed": confirmed - 100,
+        "confirmed": confirmed - WARMUP,
         "n": n,
-        "warmup": 100,
+        "warmup": WARMUP,
     }
 
 
@@ -147,7 +148,7 @@ async def main(mode: str, durability: str, n: int, path: str, snapshot: str | No
         )
 
     try:
-        for i in range(100):  # warm-up
+        for i in range(WARMUP):
             await one(-1 - i)
         for samples in PARTS.values():
             samples.clear()
@@ -172,7 +173,7 @@ async def main(mode: str, durability: str, n: int, path: str, snapshot: str | No
             shutil.copyfile(path + "-wal", snapshot + "-wal")
     finally:
         await ledger.close()
-    confirmed = n + 100 if NO_SQL else _confirmed(path)  # nothing written with no SQL: nothing to count
+    confirmed = n + WARMUP if NO_SQL else _confirmed(path)  # nothing written with no SQL: nothing to count
     parts = {f"{k}_us": statistics.median(v) * 1e6 for k, v in PARTS.items() if v and k != "intent_on_loop"}
     if PARTS["intent_on_loop"]:
         parts["intent_on_loop_share"] = statistics.fmean(PARTS["intent_on_loop"])
